@@ -1,0 +1,33 @@
+# batcherd — the targets a newcomer needs. `make help` lists them.
+GO        ?= go
+BIN       ?= bin
+PKGS      ?= ./...
+# Tests use their own databases on this server (created and dropped per test package).
+export BATCHERD_TEST_DSN ?= batcherd:batcherd@tcp(127.0.0.1:3306)/
+
+.PHONY: help db test test-race test-short lint build bench demo run chaos clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+db: ## make sure MariaDB runs and the test user exists (installs it on a fresh Debian)
+	@scripts/mariadb-bootstrap.sh
+
+test: db ## the test command: bootstrap MariaDB, go vet, go test -race
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout 12m $(PKGS)
+
+test-race: test ## alias of test (the suite always runs under -race)
+
+test-short: db ## quick run without the race detector
+	$(GO) test -count=1 -short $(PKGS)
+
+lint: ## gofmt and go vet
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+build: ## build binaries into ./bin
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./cmd/...
+
+clean: ## remove build output
+	rm -rf $(BIN)

@@ -1,0 +1,40 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+
+	"github.com/pressly/goose/v3"
+
+	batchsql "github.com/batcherd/batcherd/sql"
+)
+
+// Migrate applies every embedded migration not yet applied (goose, table
+// goose_db_version). It is safe to run from several processes at once only in the
+// sense that goose takes no lock: run it from one place (the Kubernetes Job, or
+// `batcherd migrate` before starting replicas).
+func (s *Store) Migrate(ctx context.Context, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	fsys, err := fs.Sub(batchsql.Migrations, "migrations")
+	if err != nil {
+		return err
+	}
+	p, err := goose.NewProvider(goose.DialectMySQL, s.db.DB, fsys,
+		goose.WithVerbose(false))
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	res, err := p.Up(ctx)
+	for _, r := range res {
+		log.Info("migration applied", "version", r.Source.Version, "file", r.Source.Path, "duration", r.Duration)
+	}
+	if err != nil {
+		return fmt.Errorf("applying migrations: %w", err)
+	}
+	return nil
+}

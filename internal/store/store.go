@@ -1,0 +1,277 @@
+// Package store is batcherd's only door to MySQL/MariaDB. It owns the schema
+// (migrations, start-up verification) and every state transition.
+//
+// Rules every exported method follows (DESIGN §2):
+//
+//   - One exported method is one short transaction, run through withTx. No method calls
+//     anything over the network (I7): callers do store, then GitLab, then store.
+//   - Every state write is guarded: WHERE … AND status=? AND version=?, with version
+//     bumped on every write (monotonic, so no ABA, and go-sql-driver's changed-rows count
+//     is never ambiguous), and the affected-row count is checked (I6).
+//   - A duplicate key is an answer, not an error (I4, idempotency, audit).
+//   - MySQL errors are translated in one place, translate: 1062 → ErrDuplicate,
+//     1213/1020/1205 → ErrLostRace, no rows → ErrNotFound, a connection lost during
+//     COMMIT → ErrCommitUnknown (the caller re-reads by key and version before deciding).
+//   - All times come from the database clock (CURRENT_TIMESTAMP(6)), never the replica's.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Domain errors. Callers test them with errors.Is.
+var (
+	// ErrNotFound: the row asked for does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrLostRace: a guarded write matched nothing (the row moved on since it was read),
+	// or the server chose this transaction as a deadlock/lock-wait/snapshot victim.
+	// Losing a race is normal between replicas: log it at debug and move on.
+	ErrLostRace = errors.New("lost race: the row changed since it was read")
+	// ErrDuplicate: a unique key already holds this value. Methods turn it into the
+	// answer it means; it escapes only where the caller must decide.
+	ErrDuplicate = errors.New("duplicate key")
+	// ErrCommitUnknown: the connection broke during COMMIT; the transaction may or may
+	// not have committed. Re-read by key and version before retrying.
+	ErrCommitUnknown = errors.New("commit outcome unknown: connection lost during COMMIT")
+	// ErrBindingBusy: the relation has an application in flight, or is failed and
+	// awaiting recovery; a new application is refused (HTTP 409).
+	ErrBindingBusy = errors.New("binding busy")
+	// ErrBindingActive: a grant for a relation that is already active (HTTP 409).
+	ErrBindingActive = errors.New("binding already active")
+	// ErrBindingNotActive: a revoke for a relation that is not active (HTTP 409).
+	ErrBindingNotActive = errors.New("binding not active")
+	// ErrStale: an approval/rejection/retry for an operation that no longer owns its
+	// binding or whose state moved on (HTTP 409 stale).
+	ErrStale = errors.New("stale")
+	// ErrIdempotencyKeyReused: the key was first used with a different request (HTTP 422).
+	ErrIdempotencyKeyReused = errors.New("idempotency key reused with a different request")
+)
+
+// MySQL server error numbers the store interprets.
+const (
+	errDupEntry         = 1062
+	errLockDeadlock     = 1213
+	errLockWaitTimeout  = 1205
+	errRecordChangedRR  = 1020 // innodb_snapshot_isolation (MariaDB 11.6.2+) under REPEATABLE READ
+	errAccessDeniedUser = 1698
+)
+
+// storeErrors counts MySQL errors by number; registered by Collectors.
+var storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "batcherd_store_errors_total",
+	Help: "MySQL errors seen by the store, by server error number (0 = not a server error).",
+}, []string{"code"})
+
+// Collectors returns the store's Prometheus collectors for the app's registry.
+func Collectors() []prometheus.Collector { return []prometheus.Collector{storeErrors} }
+
+// Options tunes Open. Zero values take the defaults.
+type Options struct {
+	MaxOpenConns int           // default 20
+	MaxIdleConns int           // default MaxOpenConns
+	ConnMaxLife  time.Duration // default 5m
+	DialTimeout  time.Duration // default 5s
+	IOTimeout    time.Duration // default 30s
+}
+
+// Store is the handle every component shares. It is safe for concurrent use.
+type Store struct {
+	db *sqlx.DB
+
+	// Hooks lets tests stop a transaction at a chosen point (I2, I3 proofs). Nil in production.
+	Hooks *Hooks
+}
+
+// Hooks are called inside transactions at fixed points, only by tests.
+type Hooks struct {
+	// ClaimAfterRead runs inside the claim transaction after the waiting rows are read and
+	// before the guarded UPDATE.
+	ClaimAfterRead func(ctx context.Context, batchID int64, requestIDs []int64)
+	// ClaimAfterUpdate runs after the guarded UPDATE and member insert, before COMMIT.
+	ClaimAfterUpdate func(ctx context.Context, batchID int64)
+}
+
+// DB exposes the pool for read-only tooling (verify, metrics, tests).
+func (s *Store) DB() *sqlx.DB { return s.db }
+
+// Close closes the pool.
+func (s *Store) Close() error { return s.db.Close() }
+
+// ParseDSN parses a plain go-sql-driver DSN and forces the options batcherd relies on,
+// whatever the user wrote: parseTime, UTC on both sides, timeouts, changed-rows
+// semantics (we bump version on every guarded write, DESIGN §7), and interpolated
+// parameters (one round trip per statement instead of prepare+execute+close).
+func ParseDSN(dsn string, o Options) (*mysql.Config, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("BATCHERD_MYSQL_DSN is not a valid go-sql-driver DSN (want user:pass@tcp(host:3306)/db): %w", redactDSNError(err, dsn))
+	}
+	o = o.withDefaults()
+	cfg.ParseTime = true
+	cfg.Loc = time.UTC
+	cfg.ClientFoundRows = false
+	cfg.InterpolateParams = true
+	cfg.Timeout = o.DialTimeout
+	cfg.ReadTimeout = o.IOTimeout
+	cfg.WriteTimeout = o.IOTimeout
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	// The session time zone must match Loc so DATETIME values written with
+	// CURRENT_TIMESTAMP(6) read back as the same instant.
+	cfg.Params["time_zone"] = "'+00:00'"
+	cfg.Collation = "utf8mb4_general_ci"
+	return cfg, nil
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxOpenConns <= 0 {
+		o.MaxOpenConns = 20
+	}
+	if o.MaxIdleConns <= 0 {
+		o.MaxIdleConns = o.MaxOpenConns
+	}
+	if o.ConnMaxLife <= 0 {
+		o.ConnMaxLife = 5 * time.Minute
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = 5 * time.Second
+	}
+	if o.IOTimeout <= 0 {
+		o.IOTimeout = 30 * time.Second
+	}
+	return o
+}
+
+// redactDSNError keeps the password out of errors: go-sql-driver's parse errors can
+// quote the DSN.
+func redactDSNError(err error, dsn string) error {
+	msg := err.Error()
+	if cfg, perr := mysql.ParseDSN(dsn); perr == nil && cfg.Passwd != "" {
+		msg = strings.ReplaceAll(msg, cfg.Passwd, "***")
+	}
+	return errors.New(msg)
+}
+
+// Open connects and pings. It does not migrate or verify the schema: see Migrate and
+// CheckSchema.
+func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
+	cfg, err := ParseDSN(dsn, o)
+	if err != nil {
+		return nil, err
+	}
+	o = o.withDefaults()
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("mysql connector: %w", err)
+	}
+	db := sqlx.NewDb(sql.OpenDB(conn), "mysql")
+	db.SetMaxOpenConns(o.MaxOpenConns)
+	db.SetMaxIdleConns(o.MaxIdleConns)
+	db.SetConnMaxLifetime(o.ConnMaxLife)
+	pctx, cancel := context.WithTimeout(ctx, o.DialTimeout+time.Second)
+	defer cancel()
+	if err := db.PingContext(pctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("cannot reach MySQL at %s (check BATCHERD_MYSQL_DSN, that the server runs and the user may log in over TCP): %w", cfg.Addr, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Ping checks the database is reachable (readiness).
+func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
+
+// withTx runs fn in one transaction at the given isolation level and translates the
+// result. It is the only place transactions begin and end.
+func (s *Store) withTx(ctx context.Context, iso sql.IsolationLevel, fn func(tx *sqlx.Tx) error) error {
+	tx, err := s.db.BeginTxx(ctx, &sql.TxOptions{Isolation: iso})
+	if err != nil {
+		return translate(err)
+	}
+	if err := fn(tx); err != nil {
+		// Always roll back ourselves: 1213 rolled the transaction back already, but 1205
+		// rolled back only the statement and leaves locks held until we end it.
+		_ = tx.Rollback()
+		return translate(err)
+	}
+	if err := tx.Commit(); err != nil {
+		if isConnLost(err) {
+			storeErrors.WithLabelValues("commit_unknown").Inc()
+			return fmt.Errorf("%w: %v", ErrCommitUnknown, err)
+		}
+		return translate(err)
+	}
+	return nil
+}
+
+// translate maps driver errors to domain errors, keeping the original wrapped for logs.
+// It is idempotent: translating an already translated error changes nothing.
+func translate(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrLostRace) || errors.Is(err, ErrDuplicate) ||
+		errors.Is(err, ErrCommitUnknown) {
+		return err
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		return ErrNotFound
+	}
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		storeErrors.WithLabelValues(strconv.Itoa(int(me.Number))).Inc()
+		switch me.Number {
+		case errDupEntry:
+			return fmt.Errorf("%w: %s", ErrDuplicate, me.Message)
+		case errLockDeadlock, errRecordChangedRR, errLockWaitTimeout:
+			return fmt.Errorf("%w (mysql %d: %s)", ErrLostRace, me.Number, me.Message)
+		}
+		return err
+	}
+	if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		storeErrors.WithLabelValues("0").Inc()
+	}
+	return err
+}
+
+// IsDuplicate reports whether err is (or wraps) a duplicate-key error. Use it inside a
+// transaction to read a 1062 as an answer; the transaction can go on (DESIGN §7).
+func isDuplicate(err error) bool { return errors.Is(translate(err), ErrDuplicate) }
+
+func isConnLost(err error) bool {
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne)
+}
+
+// mustAffect turns a guarded write's affected-row count into ErrLostRace when it is not
+// the expected number.
+func mustAffect(res sql.Result, want int64) error {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n != want {
+		return ErrLostRace
+	}
+	return nil
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+

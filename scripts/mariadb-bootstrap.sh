@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Makes sure a MariaDB server answers for the tests and the demo, on this machine or on a
+# fresh Debian one. Idempotent and quiet on success; says what failed and what to do.
+#
+#   1. If the test user can log in over TCP, there is nothing to do.
+#   2. Else, if no server answers, start MariaDB (installing mariadb-server with apt-get
+#      first when it is missing).
+#   3. Create the test user (BATCHERD_TEST_USER/BATCHERD_TEST_PASSWORD, default
+#      batcherd/batcherd) with the rights to create and drop its own databases. On a
+#      fresh Debian install root logs in only through the unix socket (error 1698 over
+#      TCP), so the user is created through the socket as root.
+#
+# Environment: BATCHERD_DB_HOST (127.0.0.1), BATCHERD_DB_PORT (3306).
+set -euo pipefail
+
+host=${BATCHERD_DB_HOST:-127.0.0.1}
+port=${BATCHERD_DB_PORT:-3306}
+user=${BATCHERD_TEST_USER:-batcherd}
+pass=${BATCHERD_TEST_PASSWORD:-batcherd}
+
+log() { [ -n "${VERBOSE:-}" ] && echo "mariadb-bootstrap: $*" >&2 || true; }
+die() { echo "mariadb-bootstrap: $*" >&2; exit 1; }
+
+client() {
+  if command -v mariadb >/dev/null 2>&1; then echo mariadb; elif command -v mysql >/dev/null 2>&1; then echo mysql; fi
+}
+
+user_ok() {
+  local c; c=$(client); [ -n "$c" ] || return 1
+  "$c" --protocol=tcp -h"$host" -P"$port" -u"$user" -p"$pass" -e 'SELECT 1' >/dev/null 2>&1
+}
+
+server_up() {
+  local c; c=$(client); [ -n "$c" ] || return 1
+  # Any answer from the server (even "access denied") means it runs.
+  local out; out=$("$c" --protocol=tcp -h"$host" -P"$port" -uroot -e 'SELECT 1' 2>&1) && return 0
+  case "$out" in *"Access denied"*|*"1698"*|*"1045"*) return 0;; esac
+  return 1
+}
+
+as_root() {
+  # Root through the unix socket first (fresh Debian), then root over TCP with an empty
+  # password (images that allow it).
+  local c; c=$(client)
+  "$c" -uroot "$@" 2>/dev/null || "$c" --protocol=tcp -h"$host" -P"$port" -uroot "$@"
+}
+
+if user_ok; then log "user $user already works"; exit 0; fi
+
+if ! server_up; then
+  if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
+    [ "$(id -u)" = 0 ] || die "MariaDB is not installed and this is not root: run 'sudo apt-get install mariadb-server', or point BATCHERD_TEST_DSN at a server."
+    echo "mariadb-bootstrap: installing mariadb-server with apt-get (first run only)..." >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null || die "apt-get update failed"
+    apt-get install -y -qq mariadb-server mariadb-client >/dev/null || die "apt-get install mariadb-server failed"
+  fi
+  [ "$(id -u)" = 0 ] || die "MariaDB is installed but not running, and starting it needs root: run 'sudo service mariadb start'."
+  log "starting mariadbd"
+  mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
+  if [ ! -d /var/lib/mysql/mysql ]; then
+    mariadb-install-db --user=mysql --datadir=/var/lib/mysql >/dev/null 2>&1 || die "mariadb-install-db failed"
+  fi
+  mbin=$(command -v mariadbd || echo /usr/sbin/mariadbd)
+  nohup "$mbin" --user=mysql --bind-address="$host" --port="$port" >/tmp/batcherd-mariadbd.log 2>&1 &
+  for _ in $(seq 1 60); do server_up && break; sleep 0.5; done
+  server_up || die "mariadbd did not come up within 30 s; see /tmp/batcherd-mariadbd.log"
+fi
+
+as_root -e "CREATE USER IF NOT EXISTS '$user'@'127.0.0.1' IDENTIFIED BY '$pass';
+CREATE USER IF NOT EXISTS '$user'@'localhost' IDENTIFIED BY '$pass';
+GRANT ALL PRIVILEGES ON *.* TO '$user'@'127.0.0.1';
+GRANT ALL PRIVILEGES ON *.* TO '$user'@'localhost';
+FLUSH PRIVILEGES;" || die "could not create user $user as root (socket or TCP); create it yourself or set BATCHERD_TEST_DSN"
+
+user_ok || die "user $user still cannot log in over TCP at $host:$port"
+log "ready"
