@@ -1,0 +1,5 @@
+package mr
+
+import "net/url"
+
+func pathEscape(s string) string { return url.PathEscape(s) }

@@ -1,0 +1,190 @@
+// Package mr is batcherd's GitLab layer: branches, commits and merge requests through
+// gitlab.com/gitlab-org/api/client-go, with every call bounded by a timeout and every
+// error classified once (transient, permanent, not found). Each method is idempotent
+// by the batch's deterministic branch name, so a replica that crashed halfway — or a
+// call whose answer was lost after GitLab did the work — is resumed, never duplicated.
+//
+// STATUS: the types and signatures below are the contract the scanner builds against
+// (issue #3); bodies returning errUnimplemented are unfinished work.
+package mr
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+var errUnimplemented = errors.New("mr: not implemented yet")
+
+// Label marks every MR batcherd opens; the orphan sweep lists MRs by it.
+const Label = "batcherd"
+
+// CommitTrailer is the git trailer key carrying the batch id in every batch commit. A
+// branch whose head commit carries "Batcherd-Batch: <id>" already has the batch's
+// commit (the answer to the commit call may have been lost).
+const CommitTrailer = "Batcherd-Batch"
+
+// MR states as GitLab reports them.
+const (
+	StateOpened = "opened"
+	StateClosed = "closed"
+	StateMerged = "merged"
+	StateLocked = "locked"
+)
+
+// MergeRequest is what batcherd reads of an MR.
+type MergeRequest struct {
+	IID                 int64
+	State               string // opened, closed, merged, locked
+	DetailedMergeStatus string // e.g. mergeable, ci_still_running, conflict, need_rebase
+	HasConflicts        bool
+	PipelineStatus      string // head pipeline: "" (none), created, pending, running, success, failed, canceled, skipped, manual
+	PipelineID          int64
+	// FailureReason is the failure_reason of the first failed job of a failed head
+	// pipeline (script_failure, runner_system_failure, stuck_or_timeout_failure, …),
+	// "" when unknown or not failed.
+	FailureReason             string
+	SHA                       string // head sha of the source branch as the MR sees it
+	WebURL                    string
+	SourceBranch              string
+	TargetBranch              string
+	Labels                    []string
+	MergeWhenPipelineSucceeds bool
+	MergedAt                  *time.Time
+	ClosedAt                  *time.Time
+}
+
+// FileAction is one file change of a batch commit. The layer decides create vs update
+// itself (one tree listing, not one call per file).
+type FileAction struct {
+	Path    string
+	Content string // ignored when Delete
+	Delete  bool
+}
+
+// MRSpec describes the MR to ensure for a batch branch.
+type MRSpec struct {
+	SourceBranch string
+	TargetBranch string
+	Title        string
+	Description  string
+	Labels       []string // Label is always added
+}
+
+// Class is the one classification of a GitLab error.
+type Class int
+
+const (
+	ClassNone      Class = iota // not a GitLab error (nil, or a local error)
+	ClassTransient              // 5xx, 429, timeouts, connection reset/EOF: retry later
+	ClassPermanent              // 400/401/403/405/409/422: retrying the same call will not help
+	ClassNotFound               // 404: the thing is not there
+)
+
+func (c Class) String() string {
+	switch c {
+	case ClassTransient:
+		return "transient"
+	case ClassPermanent:
+		return "permanent"
+	case ClassNotFound:
+		return "not_found"
+	}
+	return "none"
+}
+
+// Error is every error the layer returns for a GitLab call. It never carries the token.
+type Error struct {
+	Op         string // e.g. "create_branch"
+	Class      Class
+	Status     int    // HTTP status, 0 when none (network)
+	Message    string // GitLab's message, kept
+	RetryAfter time.Duration
+	Err        error
+}
+
+func (e *Error) Error() string {
+	return "gitlab " + e.Op + ": " + e.Class.String() + ": " + e.Message
+}
+func (e *Error) Unwrap() error { return e.Err }
+
+// ClassOf returns the class of err (ClassNone for nil or non-GitLab errors; a context
+// deadline on a call is transient).
+func ClassOf(err error) Class {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Class
+	}
+	return ClassNone
+}
+
+// Config configures the client.
+type Config struct {
+	BaseURL      string        // e.g. https://gitlab.example.com (the /api/v4 suffix is added)
+	Token        string        // PRIVATE-TOKEN; never logged
+	CallTimeout  time.Duration // per call, default 15s
+	TargetBranch string        // default "main"
+}
+
+// Client implements what the scanner needs from GitLab.
+type Client struct{}
+
+// New builds a client. It does not call GitLab.
+func New(cfg Config) (*Client, error) { return nil, errUnimplemented }
+
+// EnsureBranch creates branch from ref; an existing branch is fine.
+func (c *Client) EnsureBranch(ctx context.Context, project, branch, ref string) error {
+	return errUnimplemented
+}
+
+// CommitFiles makes one commit (chunked only if GitLab limits demand it) with the file
+// actions on branch, carrying "Batcherd-Batch: <batchID>" as a trailer. If the
+// branch's head already carries that trailer the commit was made before (answer lost)
+// and its sha is returned without a new commit.
+func (c *Client) CommitFiles(ctx context.Context, project, branch string, batchID int64, message string, files []FileAction) (sha string, err error) {
+	return "", errUnimplemented
+}
+
+// FindMR looks up the MR for a source branch in any state (newest first); found=false
+// when there is none. A merged or closed MR for the branch is the batch's MR.
+func (c *Client) FindMR(ctx context.Context, project, sourceBranch string) (mr MergeRequest, found bool, err error) {
+	return MergeRequest{}, false, errUnimplemented
+}
+
+// EnsureMR returns the branch's MR, creating it if there is none. A 409 "Another open
+// merge request already exists" means look it up again, never a second MR.
+func (c *Client) EnsureMR(ctx context.Context, project string, spec MRSpec) (MergeRequest, error) {
+	return MergeRequest{}, errUnimplemented
+}
+
+// GetMR reads one MR, with its head pipeline status and failure reason.
+func (c *Client) GetMR(ctx context.Context, project string, iid int64) (MergeRequest, error) {
+	return MergeRequest{}, errUnimplemented
+}
+
+// SetAutoMerge arms "merge when pipeline succeeds", guarded by sha.
+func (c *Client) SetAutoMerge(ctx context.Context, project string, iid int64, sha string) (MergeRequest, error) {
+	return MergeRequest{}, errUnimplemented
+}
+
+// Merge merges now, guarded by sha.
+func (c *Client) Merge(ctx context.Context, project string, iid int64, sha string) (MergeRequest, error) {
+	return MergeRequest{}, errUnimplemented
+}
+
+// CloseMR closes an MR; closing a closed MR is fine; a merged MR stays merged (the
+// returned MergeRequest says which). Callers re-read after closing: merged wins.
+func (c *Client) CloseMR(ctx context.Context, project string, iid int64) (MergeRequest, error) {
+	return MergeRequest{}, errUnimplemented
+}
+
+// ListOpenLabeled lists open MRs carrying label (all pages).
+func (c *Client) ListOpenLabeled(ctx context.Context, project, label string) ([]MergeRequest, error) {
+	return nil, errUnimplemented
+}
+
+// BindingPath is the repository path of a binding's file (DESIGN §5, contract):
+// bindings/<PathEscape(target)>/<PathEscape(subject)>.yaml.
+func BindingPath(subject, target string) string {
+	return "bindings/" + pathEscape(target) + "/" + pathEscape(subject) + ".yaml"
+}
