@@ -1,0 +1,273 @@
+// Package config reads every BATCHERD_* environment variable into one struct with
+// go-envconfig, applies defaults, loads secrets from *_FILE variables and validates
+// the result with errors that name the variable and say what to do.
+//
+// The struct is also the documentation: Vars lists every variable with its default
+// and meaning for `batcherd help`, and a test keeps the README's table in step.
+package config
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/robfig/cron/v3"
+	"github.com/sethvargo/go-envconfig"
+)
+
+// Prefix is the prefix of every variable.
+const Prefix = "BATCHERD_"
+
+// Config is every setting of batcherd. Field tags: env (name without the prefix and
+// default), desc (one line for help and the README), secret (never printed).
+type Config struct {
+	MySQLDSN     string `env:"MYSQL_DSN" secret:"true" desc:"go-sql-driver DSN, user:pass@tcp(host:3306)/db (required; or BATCHERD_MYSQL_DSN_FILE)"`
+	MySQLDSNFile string `env:"MYSQL_DSN_FILE" desc:"file holding the DSN (instead of BATCHERD_MYSQL_DSN)"`
+	MySQLMaxConn int    `env:"MYSQL_MAX_CONNS, default=20" desc:"connection pool size per replica"`
+
+	GitLabURL       string        `env:"GITLAB_URL" desc:"GitLab base URL, e.g. https://gitlab.example.com (required for serve)"`
+	GitLabToken     string        `env:"GITLAB_TOKEN" secret:"true" desc:"GitLab token with api scope (or BATCHERD_GITLAB_TOKEN_FILE)"`
+	GitLabTokenFile string        `env:"GITLAB_TOKEN_FILE" desc:"file holding the GitLab token"`
+	GitLabTimeout   time.Duration `env:"GITLAB_TIMEOUT, default=15s" desc:"timeout of one GitLab API call"`
+	Repos           []string      `env:"REPOS" desc:"comma-separated GitLab project paths; the first is the default (required for serve)"`
+	TargetBranch    string        `env:"TARGET_BRANCH, default=main" desc:"branch the batch MRs merge into"`
+
+	HTTPAddr        string        `env:"HTTP_ADDR, default=:8080" desc:"listen address of the API, health and metrics"`
+	APITokens       []string      `env:"API_TOKENS" secret:"true" desc:"comma-separated bearer tokens for /v1 (or BATCHERD_API_TOKENS_FILE)"`
+	APITokensFile   string        `env:"API_TOKENS_FILE" desc:"file holding API tokens, comma- or newline-separated"`
+	AdminTokens     []string      `env:"ADMIN_TOKENS" secret:"true" desc:"comma-separated bearer tokens for /v1/admin (also valid for /v1)"`
+	AdminTokensFile string        `env:"ADMIN_TOKENS_FILE" desc:"file holding admin tokens"`
+	WebhookSecret   string        `env:"WEBHOOK_SECRET" secret:"true" desc:"X-Gitlab-Token expected on /v1/webhooks/gitlab (webhook disabled when empty)"`
+	InsecureNoAuth  bool          `env:"INSECURE_NO_AUTH, default=false" desc:"serve the API without tokens (development only; logs a warning)"`
+	AutoApprove     bool          `env:"AUTO_APPROVE, default=false" desc:"admit operations at once, skipping the approve call"`
+	IdempotencyTTL  time.Duration `env:"IDEMPOTENCY_TTL, default=24h" desc:"how long an Idempotency-Key is remembered"`
+
+	ClaimSchedule     string        `env:"CLAIM_SCHEDULE, default=@every 30s" desc:"robfig/cron spec of claim rounds"`
+	MaxBatchSize      int           `env:"MAX_BATCH_SIZE, default=500" desc:"most operations claimed into one batch"`
+	MergeMode         string        `env:"MERGE_MODE, default=auto" desc:"auto (merge when pipeline succeeds), direct (batcherd merges), manual (humans merge)"`
+	ReconcileInterval time.Duration `env:"RECONCILE_INTERVAL, default=10s" desc:"how often an active batch's MR is checked"`
+	BatchTimeout      time.Duration `env:"BATCH_TIMEOUT, default=30m" desc:"an active batch older than this is settled as failed (DB clock)"`
+	MaxAttempts       int           `env:"MAX_ATTEMPTS, default=3" desc:"most batches one operation takes part in before it fails for good"`
+	ShutdownTimeout   time.Duration `env:"SHUTDOWN_TIMEOUT, default=20s" desc:"graceful shutdown bound on SIGTERM"`
+	ReplicaID         string        `env:"REPLICA_ID" desc:"name of this replica in logs and metrics (default: hostname)"`
+
+	LogFormat string `env:"LOG_FORMAT" desc:"text or json (default: text on a terminal, json otherwise)"`
+	LogLevel  string `env:"LOG_LEVEL, default=info" desc:"debug, info, warn or error"`
+}
+
+// Load reads the environment (through lookup; nil means the process environment),
+// resolves *_FILE secrets and applies defaults. It does not validate: call Validate
+// with what the subcommand needs.
+func Load(ctx context.Context, lookup envconfig.Lookuper) (*Config, error) {
+	if lookup == nil {
+		lookup = envconfig.OsLookuper()
+	}
+	var c Config
+	if err := envconfig.ProcessWith(ctx, &envconfig.Config{
+		Target:   &c,
+		Lookuper: envconfig.PrefixLookuper(Prefix, lookup),
+	}); err != nil {
+		return nil, fmt.Errorf("reading configuration: %w", err)
+	}
+	if err := c.loadFiles(); err != nil {
+		return nil, err
+	}
+	c.Repos = trimList(c.Repos)
+	c.APITokens = trimList(c.APITokens)
+	c.AdminTokens = trimList(c.AdminTokens)
+	if c.ReplicaID == "" {
+		c.ReplicaID, _ = os.Hostname()
+	}
+	return &c, nil
+}
+
+func (c *Config) loadFiles() error {
+	read := func(name, path string) (string, error) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return "", fmt.Errorf("%s%s: cannot read %s: %w", Prefix, name, path, errors.Unwrap(err))
+		}
+		return strings.TrimSpace(string(b)), nil
+	}
+	var err error
+	if c.MySQLDSNFile != "" && c.MySQLDSN == "" {
+		if c.MySQLDSN, err = read("MYSQL_DSN_FILE", c.MySQLDSNFile); err != nil {
+			return err
+		}
+	}
+	if c.GitLabTokenFile != "" && c.GitLabToken == "" {
+		if c.GitLabToken, err = read("GITLAB_TOKEN_FILE", c.GitLabTokenFile); err != nil {
+			return err
+		}
+	}
+	split := func(s string) []string {
+		return strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == '\n' || r == '\r' })
+	}
+	if c.APITokensFile != "" {
+		s, err := read("API_TOKENS_FILE", c.APITokensFile)
+		if err != nil {
+			return err
+		}
+		c.APITokens = append(c.APITokens, split(s)...)
+	}
+	if c.AdminTokensFile != "" {
+		s, err := read("ADMIN_TOKENS_FILE", c.AdminTokensFile)
+		if err != nil {
+			return err
+		}
+		c.AdminTokens = append(c.AdminTokens, split(s)...)
+	}
+	return nil
+}
+
+// Need says which groups of settings a subcommand requires.
+type Need struct {
+	DB     bool // migrate, check-schema, verify, serve
+	GitLab bool // serve
+	Serve  bool // serve: HTTP, auth, loops
+}
+
+// Validate checks the settings a subcommand needs and returns every problem at once,
+// each naming its variable.
+func (c *Config) Validate(n Need) error {
+	var errs []error
+	bad := func(name, format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%s%s: %s", Prefix, name, fmt.Sprintf(format, a...)))
+	}
+	if n.DB && c.MySQLDSN == "" {
+		bad("MYSQL_DSN", "is required (or BATCHERD_MYSQL_DSN_FILE), e.g. batcherd:secret@tcp(db:3306)/batcherd")
+	}
+	if c.MySQLMaxConn < 2 {
+		bad("MYSQL_MAX_CONNS", "must be at least 2, got %d", c.MySQLMaxConn)
+	}
+	if n.GitLab {
+		if c.GitLabURL == "" {
+			bad("GITLAB_URL", "is required, e.g. https://gitlab.example.com")
+		} else if !strings.HasPrefix(c.GitLabURL, "http://") && !strings.HasPrefix(c.GitLabURL, "https://") {
+			bad("GITLAB_URL", "must start with http:// or https://")
+		}
+		if c.GitLabToken == "" {
+			bad("GITLAB_TOKEN", "is required (or BATCHERD_GITLAB_TOKEN_FILE): a token with api scope")
+		}
+		if len(c.Repos) == 0 {
+			bad("REPOS", "is required: comma-separated GitLab project paths, e.g. platform/access-bindings")
+		}
+		if c.GitLabTimeout <= 0 {
+			bad("GITLAB_TIMEOUT", "must be positive")
+		}
+		if c.TargetBranch == "" {
+			bad("TARGET_BRANCH", "must not be empty")
+		}
+	}
+	if n.Serve {
+		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
+			bad("HTTP_ADDR", "must be host:port or :port, got %q", c.HTTPAddr)
+		}
+		if len(c.APITokens) == 0 && len(c.AdminTokens) == 0 && !c.InsecureNoAuth {
+			bad("API_TOKENS", "no API or admin token is set: set BATCHERD_API_TOKENS and BATCHERD_ADMIN_TOKENS, or BATCHERD_INSECURE_NO_AUTH=true for development")
+		}
+		if _, err := cron.ParseStandard(c.ClaimSchedule); err != nil {
+			bad("CLAIM_SCHEDULE", "is not a valid cron spec (%v); e.g. \"@every 30s\" or \"*/1 * * * *\"", err)
+		}
+		if c.MaxBatchSize < 1 || c.MaxBatchSize > 5000 {
+			bad("MAX_BATCH_SIZE", "must be between 1 and 5000, got %d", c.MaxBatchSize)
+		}
+		switch c.MergeMode {
+		case "auto", "direct", "manual":
+		default:
+			bad("MERGE_MODE", "must be auto, direct or manual, got %q", c.MergeMode)
+		}
+		if c.ReconcileInterval < 100*time.Millisecond {
+			bad("RECONCILE_INTERVAL", "must be at least 100ms, got %s", c.ReconcileInterval)
+		}
+		if c.BatchTimeout < time.Second {
+			bad("BATCH_TIMEOUT", "must be at least 1s, got %s", c.BatchTimeout)
+		}
+		if c.MaxAttempts < 1 {
+			bad("MAX_ATTEMPTS", "must be at least 1, got %d", c.MaxAttempts)
+		}
+		if c.ShutdownTimeout <= 0 {
+			bad("SHUTDOWN_TIMEOUT", "must be positive")
+		}
+		if c.IdempotencyTTL < time.Minute {
+			bad("IDEMPOTENCY_TTL", "must be at least 1m, got %s", c.IdempotencyTTL)
+		}
+	}
+	switch strings.ToLower(c.LogFormat) {
+	case "", "text", "json":
+	default:
+		bad("LOG_FORMAT", "must be text or json, got %q", c.LogFormat)
+	}
+	switch strings.ToLower(c.LogLevel) {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
+	}
+	return errors.Join(errs...)
+}
+
+// Var describes one environment variable for help output and docs.
+type Var struct {
+	Name, Default, Desc string
+	Secret              bool
+}
+
+// Vars lists every variable in declaration order.
+func Vars() []Var {
+	t := reflect.TypeOf(Config{})
+	out := make([]Var, 0, t.NumField())
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		tag := f.Tag.Get("env")
+		if tag == "" {
+			continue
+		}
+		name, opts, _ := strings.Cut(tag, ",")
+		def := ""
+		if _, d, ok := strings.Cut(opts, "default="); ok {
+			def = d
+		}
+		out = append(out, Var{Name: Prefix + name, Default: def, Desc: f.Tag.Get("desc"), Secret: f.Tag.Get("secret") == "true"})
+	}
+	return out
+}
+
+// Redacted returns the configuration as name=value lines with secrets masked, for a
+// start-up log line.
+func (c *Config) Redacted() map[string]string {
+	out := map[string]string{}
+	v := reflect.ValueOf(*c)
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		if name == "" {
+			continue
+		}
+		val := fmt.Sprint(v.Field(i).Interface())
+		if f.Tag.Get("secret") == "true" {
+			if !v.Field(i).IsZero() {
+				val = "<set>"
+			} else {
+				val = "<unset>"
+			}
+		}
+		out[Prefix+name] = val
+	}
+	return out
+}
+
+func trimList(in []string) []string {
+	var out []string
+	for _, s := range in {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
