@@ -1,26 +1,73 @@
 package store
 
 // Operation-side store methods: admission with idempotency, approval, rejection,
-// retry, bindings, expiry and audit events. Each exported method is one transaction.
+// retry, bindings, expiry and audit events. Each exported method is one transaction
+// through withTx (OperationCreate's idempotency loser adds one re-read of the winner,
+// after its own transaction has rolled back).
 //
-// STATUS: signatures are the contract the API builds against; bodies are being
-// written (issue #5). Every method returning errUnimplemented is unfinished work.
+// Lock order, everywhere: idempotency key (admission only), then the operation row,
+// then the binding row. The claim and the settlers lock operations before bindings
+// too, so no cycle can form between these paths.
+//
+// Isolation: these transactions run at READ COMMITTED. Every decision they make is
+// taken either on a row locked FOR UPDATE or by a guarded write (status AND version,
+// I6) whose affected-row count is checked, so a REPEATABLE READ snapshot would add
+// nothing but the risk seed 004 describes (deciding on an old snapshot) and gap locks
+// on the absent-key lookups (a new binding, a new idempotency key) that would make
+// unrelated admissions wait on each other.
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
 	"time"
+
+	"github.com/jmoiron/sqlx"
 )
+
+// ErrExpiresInPast: a grant's expires_at is not in the future by the database clock
+// (HTTP 400). Checked in the store so the comparison uses the DB clock, like every
+// other time comparison.
+var ErrExpiresInPast = errors.New("expires_at is not in the future")
+
+// ErrInvalidRequest: the parameters contradict each other (HTTP 400). The API
+// validates first; the store refuses rather than guess.
+var ErrInvalidRequest = errors.New("invalid request")
+
+// Audit event codes written by this file.
+const (
+	EventCreated         = "created"
+	EventAdmitted        = "admitted"
+	EventApproved        = "approved"
+	EventRejected        = "rejected"
+	EventRetryByOperator = "retry_by_operator"
+	EventExpiryRevoke    = "expiry_revoke"
+)
+
+// opIso is the isolation of every operation-side transaction (see the file comment).
+const opIso = sql.LevelReadCommitted
+
+// attributes is NULL when the application had none; json.RawMessage cannot scan NULL,
+// so reads turn it into an empty value.
+const opCols = `id, operation_id, subject, target, repo, action, status, version, expires_at,
+	COALESCE(attributes, '') AS attributes, batch_id, attempts, error_code, error_message, created_at, updated_at`
+
+const bindingCols = `id, subject, target, repo, status, operation_id, expires_at, version, created_at, updated_at`
 
 // OperationCreateParams is one validated application.
 type OperationCreateParams struct {
 	OperationID string // a new UUID chosen by the caller
 	Subject     string
 	Target      string
-	Repo        string
-	Action      Action
-	ExpiresAt   *time.Time
-	Attributes  json.RawMessage
+	// Repo is where a grant's file is written. A revoke always goes to the repository
+	// that holds the binding's file (the binding's repo), whatever Repo says.
+	Repo       string
+	Action     Action
+	ExpiresAt  *time.Time // grants only; must be in the future by the DB clock
+	Attributes json.RawMessage
 	// AutoApprove admits the operation to the waiting set at once (status queued).
 	AutoApprove bool
 	// IdempotencyKey, when set, makes the call idempotent: Fingerprint identifies the
@@ -31,69 +78,652 @@ type OperationCreateParams struct {
 	IdempotencyTTL time.Duration
 }
 
+// errIdemSeen ends the transaction of a request whose key is already stored; the
+// caller then reads the stored answer outside it.
+var errIdemSeen = errors.New("idempotency key already stored")
+
 // OperationCreate creates an operation and applies it to its binding (I5) in one
 // transaction. Errors: ErrBindingBusy, ErrBindingActive, ErrBindingNotActive,
-// ErrIdempotencyKeyReused, ErrLostRace (concurrent re-application won).
+// ErrIdempotencyKeyReused, ErrExpiresInPast, ErrLostRace (concurrent re-application won).
 func (s *Store) OperationCreate(ctx context.Context, p OperationCreateParams) (op Operation, created bool, err error) {
-	return Operation{}, false, errUnimplemented
+	// A few rounds, because losing is answered best by looking again: a concurrent
+	// application of the same relation that won makes the next round report the
+	// binding's real state (busy, active); a transaction holding our idempotency key
+	// may roll back (its application was refused), and the waiters on that key can then
+	// deadlock each other on the shared locks their 1062 left (DESIGN §7).
+	for attempt := 0; ; attempt++ {
+		op, err = s.operationCreateTx(ctx, p)
+		switch {
+		case err == nil:
+			return op, true, nil
+		case p.IdempotencyKey != "" && (errors.Is(err, errIdemSeen) || errors.Is(err, ErrDuplicate)):
+			// The key is (or was, a moment ago) held by another request: its answer is ours.
+			op, err = s.idempotencyAnswer(ctx, p.IdempotencyKey, p.Fingerprint)
+			if errors.Is(err, ErrNotFound) && attempt < 3 {
+				continue // the holder rolled back or the key just expired: try again
+			}
+			return op, false, err
+		case errors.Is(err, ErrLostRace) && attempt < 3:
+			continue
+		default:
+			return Operation{}, false, err
+		}
+	}
+}
+
+// idempotencyAnswer reads the operation a stored, unexpired key points at.
+func (s *Store) idempotencyAnswer(ctx context.Context, key, fingerprint string) (Operation, error) {
+	var row struct {
+		Fingerprint string `db:"fingerprint"`
+		OperationID string `db:"operation_id"`
+	}
+	err := s.db.GetContext(ctx, &row, `SELECT fingerprint, operation_id FROM idempotency_key
+		WHERE idem_key = ? AND expires_at > CURRENT_TIMESTAMP(6)`, key)
+	if err != nil {
+		return Operation{}, translate(err)
+	}
+	if row.Fingerprint != fingerprint {
+		return Operation{}, ErrIdempotencyKeyReused
+	}
+	return s.OperationGet(ctx, row.OperationID)
+}
+
+func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) (Operation, error) {
+	var out Operation
+	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
+		if p.IdempotencyKey != "" {
+			// Check before insert: the common repeat is answered without touching locks.
+			var live []bool
+			if err := tx.SelectContext(ctx, &live, `SELECT expires_at > CURRENT_TIMESTAMP(6)
+				FROM idempotency_key WHERE idem_key = ?`, p.IdempotencyKey); err != nil {
+				return err
+			}
+			if len(live) > 0 && live[0] {
+				return errIdemSeen
+			}
+			if len(live) > 0 {
+				// Expired but not purged yet: no longer an answer, free the key (guarded,
+				// so a key renewed meanwhile by another request stays).
+				if _, err := tx.ExecContext(ctx, `DELETE FROM idempotency_key
+					WHERE idem_key = ? AND expires_at <= CURRENT_TIMESTAMP(6)`, p.IdempotencyKey); err != nil {
+					return err
+				}
+			}
+			// The key row first: a concurrent request with the same key waits here on
+			// the unique key until we end, then gets 1062 and reads our answer.
+			ttl := p.IdempotencyTTL
+			if ttl <= 0 {
+				ttl = 24 * time.Hour
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO idempotency_key (idem_key, fingerprint, operation_id, expires_at)
+				VALUES (?, ?, ?, CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`,
+				p.IdempotencyKey, p.Fingerprint, p.OperationID, ttl.Microseconds()); err != nil {
+				return err // 1062 → ErrDuplicate → the caller reads the winner
+			}
+		}
+
+		if p.ExpiresAt != nil {
+			if p.Action != ActionGrant {
+				return fmt.Errorf("%w: expires_at applies to grants only", ErrInvalidRequest)
+			}
+			var future bool
+			if err := tx.GetContext(ctx, &future, `SELECT ? > CURRENT_TIMESTAMP(6)`, p.ExpiresAt.UTC()); err != nil {
+				return err
+			}
+			if !future {
+				return ErrExpiresInPast
+			}
+		}
+
+		// Plain read: the decision below is enforced by a guarded write on the exact
+		// status and version read (I5, I6), not by a lock taken here.
+		b, found, err := bindingBySubjectTarget(ctx, tx, p.Subject, p.Target, false)
+		if err != nil {
+			return err
+		}
+		repo := p.Repo
+		switch p.Action {
+		case ActionGrant:
+			if found && !b.Status.Reappliable() {
+				if b.Status == BindingActive {
+					return ErrBindingActive
+				}
+				return fmt.Errorf("%w: binding is %s", ErrBindingBusy, b.Status)
+			}
+		case ActionRevoke:
+			if !found {
+				return ErrBindingNotActive
+			}
+			switch b.Status {
+			case BindingActive:
+			case BindingPending, BindingRevoking, BindingFailed:
+				return fmt.Errorf("%w: binding is %s", ErrBindingBusy, b.Status)
+			default:
+				return fmt.Errorf("%w: binding is %s", ErrBindingNotActive, b.Status)
+			}
+			repo = b.Repo
+		default:
+			return fmt.Errorf("%w: unknown action %q", ErrInvalidRequest, p.Action)
+		}
+
+		status := OpPendingApproval
+		if p.AutoApprove {
+			status = OpQueued
+		}
+		var attrs any
+		if len(p.Attributes) > 0 {
+			attrs = string(p.Attributes)
+		}
+		// Operation row before the binding row: the lock order of every path.
+		if _, err := tx.ExecContext(ctx, `INSERT INTO operation
+			(operation_id, subject, target, repo, action, status, expires_at, attributes)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+			p.OperationID, p.Subject, p.Target, repo, p.Action, status, utcPtr(p.ExpiresAt), attrs); err != nil {
+			return err
+		}
+
+		switch {
+		case p.Action == ActionGrant && !found:
+			// A concurrent first application of the same relation makes this 1062:
+			// it won, we lost (ErrLostRace, read by the API as busy).
+			if _, err := tx.ExecContext(ctx, `INSERT INTO binding
+				(subject, target, repo, status, operation_id, expires_at) VALUES (?, ?, ?, ?, ?, ?)`,
+				p.Subject, p.Target, repo, BindingPending, p.OperationID, utcPtr(p.ExpiresAt)); err != nil {
+				if isDuplicate(err) {
+					return ErrLostRace
+				}
+				return err
+			}
+		case p.Action == ActionGrant:
+			// Re-apply in place (I5), guarded on the exact status and version read.
+			res, err := tx.ExecContext(ctx, `UPDATE binding SET status = ?, operation_id = ?, repo = ?,
+				expires_at = ?, version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
+				WHERE id = ? AND status = ? AND version = ?`,
+				BindingPending, p.OperationID, repo, utcPtr(p.ExpiresAt), b.ID, b.Status, b.Version)
+			if err != nil {
+				return err
+			}
+			if err := mustAffect(res, 1); err != nil {
+				return err
+			}
+		default: // revoke of an active binding
+			res, err := tx.ExecContext(ctx, `UPDATE binding SET status = ?, operation_id = ?,
+				version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
+				WHERE id = ? AND status = ? AND version = ?`,
+				BindingRevoking, p.OperationID, b.ID, BindingActive, b.Version)
+			if err != nil {
+				return err
+			}
+			if err := mustAffect(res, 1); err != nil {
+				return err
+			}
+		}
+
+		if err := recordEvent(ctx, tx, p.OperationID, EventCreated, 0, string(p.Action)+" "+p.Subject+" → "+p.Target); err != nil {
+			return err
+		}
+		if p.AutoApprove {
+			if err := admitTx(ctx, tx, p.OperationID, repo, 0, "auto-approved"); err != nil {
+				return err
+			}
+		}
+		o, err := operationByID(ctx, tx, p.OperationID, false)
+		if err != nil {
+			return err
+		}
+		out = o
+		return nil
+	})
+	return out, err
 }
 
 // OperationGet returns one operation by its public id. ErrNotFound when unknown.
 func (s *Store) OperationGet(ctx context.Context, operationID string) (Operation, error) {
-	return Operation{}, errUnimplemented
+	var op Operation
+	err := s.db.GetContext(ctx, &op, `SELECT `+opCols+` FROM operation WHERE operation_id = ?`, operationID)
+	return op, translate(err)
+}
+
+// OperationView is an operation with the web URL of its batch's MR ("" when it is in
+// no batch or the batch has no MR yet), as the HTTP API shows it.
+type OperationView struct {
+	Operation
+	MRURL string `db:"mr_url"`
+}
+
+// OperationGetView returns an operation and its batch's MR URL in one read.
+// ErrNotFound when unknown.
+func (s *Store) OperationGetView(ctx context.Context, operationID string) (OperationView, error) {
+	var v OperationView
+	err := s.db.GetContext(ctx, &v, `SELECT o.id, o.operation_id, o.subject, o.target, o.repo, o.action,
+		o.status, o.version, o.expires_at, COALESCE(o.attributes, '') AS attributes, o.batch_id, o.attempts, o.error_code,
+		o.error_message, o.created_at, o.updated_at, COALESCE(b.mr_url, '') AS mr_url
+		FROM operation o LEFT JOIN merge_batch b ON b.id = o.batch_id
+		WHERE o.operation_id = ?`, operationID)
+	return v, translate(err)
+}
+
+// BatchMRURL returns the MR web URL recorded on a batch ("" when none yet).
+// ErrNotFound when the batch does not exist.
+func (s *Store) BatchMRURL(ctx context.Context, batchID int64) (string, error) {
+	var u string
+	err := s.db.GetContext(ctx, &u, `SELECT mr_url FROM merge_batch WHERE id = ?`, batchID)
+	return u, translate(err)
 }
 
 // OperationApprove: pending_approval → queued and admitted, guarded on the operation's
 // version and on the binding still pointing at it. A repeat is a no-op returning the
 // operation; ErrStale when superseded or already rejected; ErrNotFound when unknown.
 func (s *Store) OperationApprove(ctx context.Context, operationID string) (Operation, error) {
-	return Operation{}, errUnimplemented
+	var out Operation
+	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
+		op, b, err := lockOperationAndBinding(ctx, tx, operationID)
+		if err != nil {
+			return err
+		}
+		switch op.Status {
+		case OpQueued, OpInBatch, OpMerged, OpFailed:
+			// Each of these lies past an approval: the same decision again changes nothing.
+			out = op
+			return nil
+		case OpRejected:
+			return fmt.Errorf("%w: operation was rejected", ErrStale)
+		case OpPendingApproval:
+		default:
+			return fmt.Errorf("%w: operation is %s", ErrStale, op.Status)
+		}
+		if err := guardBindingOwned(ctx, tx, op, b, pendingBindingStatus(op.Action), pendingBindingStatus(op.Action)); err != nil {
+			return err
+		}
+		if err := setOperationStatus(ctx, tx, op, OpQueued); err != nil {
+			return err
+		}
+		if err := recordEvent(ctx, tx, op.OperationID, EventApproved, 0, ""); err != nil {
+			return err
+		}
+		if err := admitTx(ctx, tx, op.OperationID, op.Repo, op.Attempts, "approved"); err != nil {
+			return err
+		}
+		out, err = operationByID(ctx, tx, operationID, false)
+		return err
+	})
+	return out, err
 }
 
 // OperationReject: pending_approval → rejected (binding: grant → rejected, revoke →
 // back to active). A repeat is a no-op; ErrStale when superseded or already approved.
 func (s *Store) OperationReject(ctx context.Context, operationID string) (Operation, error) {
-	return Operation{}, errUnimplemented
+	var out Operation
+	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
+		op, b, err := lockOperationAndBinding(ctx, tx, operationID)
+		if err != nil {
+			return err
+		}
+		switch op.Status {
+		case OpRejected:
+			out = op
+			return nil
+		case OpPendingApproval:
+		default:
+			return fmt.Errorf("%w: operation is %s (already approved)", ErrStale, op.Status)
+		}
+		// A rejected grant leaves no file (rejected, re-appliable); a rejected revoke
+		// leaves the file in place, so the binding is active again.
+		to := BindingRejected
+		if op.Action == ActionRevoke {
+			to = BindingActive
+		}
+		if err := guardBindingOwned(ctx, tx, op, b, pendingBindingStatus(op.Action), to); err != nil {
+			return err
+		}
+		if err := setOperationStatus(ctx, tx, op, OpRejected); err != nil {
+			return err
+		}
+		if err := recordEvent(ctx, tx, op.OperationID, EventRejected, 0, ""); err != nil {
+			return err
+		}
+		out, err = operationByID(ctx, tx, operationID, false)
+		return err
+	})
+	return out, err
 }
 
 // OperationRetry: failed → queued and re-admitted (binding back to pending/revoking),
 // guarded; ErrStale when the operation is not failed or no longer owns its binding.
 func (s *Store) OperationRetry(ctx context.Context, operationID string) (Operation, error) {
-	return Operation{}, errUnimplemented
+	var out Operation
+	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
+		op, b, err := lockOperationAndBinding(ctx, tx, operationID)
+		if err != nil {
+			return err
+		}
+		if op.Status != OpFailed {
+			return fmt.Errorf("%w: operation is %s, not failed", ErrStale, op.Status)
+		}
+		// What a failed operation left on its binding (DESIGN §3): a failed grant leaves
+		// it failed (no file), a failed revoke leaves it active (file still there).
+		from, to := BindingFailed, BindingPending
+		if op.Action == ActionRevoke {
+			from, to = BindingActive, BindingRevoking
+		}
+		if err := guardBindingOwned(ctx, tx, op, b, from, to); err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE operation SET status = ?, batch_id = NULL, attempts = attempts + 1,
+			error_code = '', error_message = '', version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
+			WHERE id = ? AND status = ? AND version = ?`, OpQueued, op.ID, OpFailed, op.Version)
+		if err != nil {
+			return err
+		}
+		if err := mustAffect(res, 1); err != nil {
+			return err
+		}
+		attempt := op.Attempts + 1
+		if err := recordEvent(ctx, tx, op.OperationID, EventRetryByOperator, attempt, ""); err != nil {
+			return err
+		}
+		// The failed batch's waiting row (if its settlement kept one) is dead: the
+		// operation must wait again, and I4's unique key would read it as admitted.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM merge_batch_request
+			WHERE operation_id = ? AND batch_id IS NOT NULL`, op.OperationID); err != nil {
+			return err
+		}
+		if err := admitTx(ctx, tx, op.OperationID, op.Repo, attempt, "retry"); err != nil {
+			return err
+		}
+		out, err = operationByID(ctx, tx, operationID, false)
+		return err
+	})
+	return out, err
 }
 
-// BindingList returns bindings filtered by subject and/or target (either may be empty).
+// BindingList returns bindings filtered by subject and/or target (either may be empty),
+// ordered by id. limit ≤ 0 means 100; it is capped at 1000.
 func (s *Store) BindingList(ctx context.Context, subject, target string, limit int) ([]Binding, error) {
-	return nil, errUnimplemented
+	if limit <= 0 {
+		limit = 100
+	}
+	limit = min(limit, 1000)
+	var where []string
+	var args []any
+	if subject != "" {
+		where = append(where, "subject = ?")
+		args = append(args, subject)
+	}
+	if target != "" {
+		where = append(where, "target = ?")
+		args = append(args, target)
+	}
+	q := `SELECT ` + bindingCols + ` FROM binding`
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
+	}
+	q += " ORDER BY id LIMIT ?"
+	args = append(args, limit)
+	out := []Binding{}
+	err := s.db.SelectContext(ctx, &out, q, args...)
+	return out, translate(err)
 }
 
-// BindingsExpired returns active bindings whose expires_at has passed (DB clock).
+// BindingsExpired returns active bindings whose expires_at has passed (DB clock),
+// oldest expiry first. Read without locks: BindingExpire takes each with a guard.
 func (s *Store) BindingsExpired(ctx context.Context, limit int) ([]Binding, error) {
-	return nil, errUnimplemented
+	if limit <= 0 {
+		limit = 100
+	}
+	out := []Binding{}
+	err := s.db.SelectContext(ctx, &out, `SELECT `+bindingCols+` FROM binding
+		WHERE status = ? AND expires_at <= CURRENT_TIMESTAMP(6)
+		ORDER BY expires_at, id LIMIT ?`, BindingActive, limit)
+	return out, translate(err)
 }
 
 // BindingExpire creates and admits a revoke operation for an expired binding, guarded
 // on the binding's version so two replicas make one. ErrLostRace when another did.
+// The revoke is queued at once whatever BATCHERD_AUTO_APPROVE says: the expiry was
+// approved with the grant.
 func (s *Store) BindingExpire(ctx context.Context, b Binding, operationID string) (Operation, error) {
-	return Operation{}, errUnimplemented
+	var out Operation
+	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
+		// Operation first (lock order); the guarded binding write decides, and a loser
+		// rolls the operation row back with it.
+		if _, err := tx.ExecContext(ctx, `INSERT INTO operation
+			(operation_id, subject, target, repo, action, status) VALUES (?, ?, ?, ?, ?, ?)`,
+			operationID, b.Subject, b.Target, b.Repo, ActionRevoke, OpQueued); err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE binding SET status = ?, operation_id = ?,
+			version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
+			WHERE id = ? AND status = ? AND version = ? AND expires_at <= CURRENT_TIMESTAMP(6)`,
+			BindingRevoking, operationID, b.ID, BindingActive, b.Version)
+		if err != nil {
+			return err
+		}
+		if err := mustAffect(res, 1); err != nil {
+			return err
+		}
+		if err := recordEvent(ctx, tx, operationID, EventExpiryRevoke, 0,
+			"binding expired; revokes operation "+b.OperationID); err != nil {
+			return err
+		}
+		if err := admitTx(ctx, tx, operationID, b.Repo, 0, "expiry"); err != nil {
+			return err
+		}
+		out, err = operationByID(ctx, tx, operationID, false)
+		return err
+	})
+	return out, err
 }
 
 // EventRecord appends an audit event; a duplicate dedupe key is a no-op (returns false).
 func (s *Store) EventRecord(ctx context.Context, e Event) (bool, error) {
-	return false, errUnimplemented
+	var inserted bool
+	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
+		var err error
+		inserted, err = insertEvent(ctx, tx, e)
+		return err
+	})
+	return inserted, err
 }
 
-// OperationEvents lists an operation's events, oldest first.
+// OperationEvents lists an operation's events, oldest first. ErrNotFound when the
+// operation is unknown. REPEATABLE READ: the existence check and the list come from
+// one snapshot.
 func (s *Store) OperationEvents(ctx context.Context, operationID string) ([]Event, error) {
-	return nil, errUnimplemented
+	out := []Event{}
+	err := s.withTx(ctx, sql.LevelRepeatableRead, func(tx *sqlx.Tx) error {
+		var n int
+		if err := tx.GetContext(ctx, &n, `SELECT COUNT(*) FROM operation WHERE operation_id = ?`, operationID); err != nil {
+			return err
+		}
+		if n == 0 {
+			return ErrNotFound
+		}
+		return tx.SelectContext(ctx, &out, `SELECT id, dedupe_key, operation_id, batch_id, code, detail, created_at
+			FROM audit_event WHERE operation_id = ? ORDER BY id LIMIT 1000`, operationID)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
-// OperationCounts returns the number of operations per status (metrics).
+// OperationCounts returns the number of operations per status (metrics). Every status
+// is present, zero when no operation has it.
 func (s *Store) OperationCounts(ctx context.Context) (map[OpStatus]int64, error) {
-	return nil, errUnimplemented
+	var rows []struct {
+		Status OpStatus `db:"status"`
+		N      int64    `db:"n"`
+	}
+	if err := s.db.SelectContext(ctx, &rows, `SELECT status, COUNT(*) AS n FROM operation GROUP BY status`); err != nil {
+		return nil, translate(err)
+	}
+	out := map[OpStatus]int64{}
+	for _, st := range []OpStatus{OpPendingApproval, OpQueued, OpInBatch, OpMerged, OpFailed, OpRejected} {
+		out[st] = 0
+	}
+	for _, r := range rows {
+		out[r.Status] = r.N
+	}
+	return out, nil
 }
 
-// CleanupIdempotency deletes up to chunk expired idempotency keys (DB clock).
+// CleanupIdempotency deletes up to chunk expired idempotency keys (DB clock), oldest
+// first through idx_expires. Returns rows deleted; callers loop while it returns chunk.
 func (s *Store) CleanupIdempotency(ctx context.Context, chunk int) (int64, error) {
-	return 0, errUnimplemented
+	if chunk <= 0 {
+		chunk = 500
+	}
+	var n int64
+	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM idempotency_key
+			WHERE expires_at <= CURRENT_TIMESTAMP(6) ORDER BY expires_at LIMIT ?`, chunk)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return n, err
+}
+
+// --- helpers, all inside a caller's transaction ---
+
+func utcPtr(t *time.Time) any {
+	if t == nil {
+		return nil
+	}
+	return t.UTC()
+}
+
+// pendingBindingStatus is the binding status while an operation of this action is
+// waiting for approval or in flight.
+func pendingBindingStatus(a Action) BindingStatus {
+	if a == ActionRevoke {
+		return BindingRevoking
+	}
+	return BindingPending
+}
+
+func operationByID(ctx context.Context, tx *sqlx.Tx, operationID string, forUpdate bool) (Operation, error) {
+	q := `SELECT ` + opCols + ` FROM operation WHERE operation_id = ?`
+	if forUpdate {
+		q += ` FOR UPDATE`
+	}
+	var op Operation
+	err := tx.GetContext(ctx, &op, q, operationID)
+	return op, err
+}
+
+func bindingBySubjectTarget(ctx context.Context, tx *sqlx.Tx, subject, target string, forUpdate bool) (Binding, bool, error) {
+	q := `SELECT ` + bindingCols + ` FROM binding WHERE subject = ? AND target = ?`
+	if forUpdate {
+		q += ` FOR UPDATE`
+	}
+	var b Binding
+	err := tx.GetContext(ctx, &b, q, subject, target)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Binding{}, false, nil
+	}
+	return b, err == nil, err
+}
+
+// lockOperationAndBinding locks the operation, then its binding: the lock order of
+// every path that touches both. found=false bindings come back zero-valued.
+func lockOperationAndBinding(ctx context.Context, tx *sqlx.Tx, operationID string) (Operation, Binding, error) {
+	op, err := operationByID(ctx, tx, operationID, true)
+	if err != nil {
+		return Operation{}, Binding{}, err
+	}
+	b, _, err := bindingBySubjectTarget(ctx, tx, op.Subject, op.Target, true)
+	return op, b, err
+}
+
+// guardBindingOwned moves the binding from → to, guarded on it still pointing at op
+// and on the version read; anything else means the operation was superseded or its
+// state moved on (ErrStale). from == to still bumps version, so the check is a write
+// and a concurrent reader of the old version loses (I6).
+func guardBindingOwned(ctx context.Context, tx *sqlx.Tx, op Operation, b Binding, from, to BindingStatus) error {
+	if b.ID == 0 || b.OperationID != op.OperationID {
+		return fmt.Errorf("%w: the binding now belongs to another operation", ErrStale)
+	}
+	if b.Status != from {
+		return fmt.Errorf("%w: binding is %s, want %s", ErrStale, b.Status, from)
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE binding SET status = ?, version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
+		WHERE id = ? AND operation_id = ? AND status = ? AND version = ?`,
+		to, b.ID, op.OperationID, from, b.Version)
+	if err != nil {
+		return err
+	}
+	if err := mustAffect(res, 1); err != nil {
+		return fmt.Errorf("%w: %w", ErrStale, err)
+	}
+	return nil
+}
+
+// setOperationStatus is the guarded operation write (status AND version, I6).
+func setOperationStatus(ctx context.Context, tx *sqlx.Tx, op Operation, to OpStatus) error {
+	res, err := tx.ExecContext(ctx, `UPDATE operation SET status = ?, version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
+		WHERE id = ? AND status = ? AND version = ?`, to, op.ID, op.Status, op.Version)
+	if err != nil {
+		return err
+	}
+	if err := mustAffect(res, 1); err != nil {
+		return fmt.Errorf("%w: %w", ErrStale, err)
+	}
+	return nil
+}
+
+// admitTx inserts the operation into its repository's waiting set (I4) inside the
+// caller's transaction, so the status change and the admission commit together. A
+// duplicate is "already admitted": ON DUPLICATE KEY turns it into a no-op without the
+// 1062 (whose shared lock would linger to the end of the transaction). attempt keeps
+// the admitted event of each retry distinct.
+func admitTx(ctx context.Context, tx *sqlx.Tx, operationID, repo string, attempt int, why string) error {
+	res, err := tx.ExecContext(ctx, `INSERT INTO merge_batch_request (operation_id, repo) VALUES (?, ?)
+		ON DUPLICATE KEY UPDATE id = id`, operationID, repo)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return nil // already admitted
+	}
+	return recordEvent(ctx, tx, operationID, EventAdmitted, attempt, why)
+}
+
+// recordEvent appends an operation event whose dedupe key is derived from the
+// operation, the code and the attempt, so re-recording it is a no-op.
+func recordEvent(ctx context.Context, tx *sqlx.Tx, operationID, code string, attempt int, detail string) error {
+	key := "op:" + operationID + ":" + code
+	if attempt > 0 {
+		key += ":" + itoa(int64(attempt))
+	}
+	_, err := insertEvent(ctx, tx, Event{DedupeKey: key, OperationID: &operationID, Code: code, Detail: detail})
+	return err
+}
+
+func insertEvent(ctx context.Context, tx *sqlx.Tx, e Event) (bool, error) {
+	if len(e.Detail) > 2048 {
+		e.Detail = truncateUTF8(e.Detail, 2048)
+	}
+	res, err := tx.ExecContext(ctx, `INSERT INTO audit_event (dedupe_key, operation_id, batch_id, code, detail)
+		VALUES (?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE id = id`,
+		e.DedupeKey, e.OperationID, e.BatchID, e.Code, e.Detail)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}
+
+// truncateUTF8 cuts s to at most n bytes without splitting a character.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && n < len(s) && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n]
 }
