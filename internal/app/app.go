@@ -1,0 +1,95 @@
+// Package app owns batcherd's lifecycle: it turns a validated config into running
+// components (store, GitLab client, scanner loops, HTTP server), starts them and stops
+// them in order. cmd/batcherd is a thin shell over it, and end-to-end tests start the
+// same App in-process on :0.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/batcherd/batcherd/internal/config"
+	"github.com/batcherd/batcherd/internal/store"
+)
+
+// Exit codes of the batcherd binary (documented in the README and `batcherd help`).
+const (
+	ExitOK          = 0
+	ExitFailure     = 1
+	ExitUsage       = 2
+	ExitSchemaDrift = 3
+)
+
+// Env is what a subcommand gets besides its configuration.
+type Env struct {
+	Log     *slog.Logger
+	Stdout  io.Writer
+	Version string
+}
+
+// ErrSchemaDrift marks errors that mean "the live schema lacks a constraint batcherd
+// relies on"; the binary exits with ExitSchemaDrift.
+var ErrSchemaDrift = errors.New("schema drift")
+
+// ErrViolations marks a verify run that found invariant violations (exit 1).
+var ErrViolations = errors.New("invariant violations found")
+
+// ExitCode maps an error returned by a subcommand to the process exit code.
+func ExitCode(err error) int {
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.Is(err, ErrSchemaDrift):
+		return ExitSchemaDrift
+	}
+	return ExitFailure
+}
+
+func openStore(ctx context.Context, cfg *config.Config) (*store.Store, error) {
+	return store.Open(ctx, cfg.MySQLDSN, store.Options{MaxOpenConns: cfg.MySQLMaxConn})
+}
+
+// Migrate applies the embedded migrations and then verifies the schema.
+func Migrate(ctx context.Context, cfg *config.Config, env Env) error {
+	st, err := openStore(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := st.Migrate(ctx, env.Log); err != nil {
+		return err
+	}
+	if err := checkSchema(ctx, st, env.Log); err != nil {
+		return err
+	}
+	fmt.Fprintln(env.Stdout, "schema is up to date and verified")
+	return nil
+}
+
+// CheckSchema verifies the live schema (I8) without changing anything.
+func CheckSchema(ctx context.Context, cfg *config.Config, env Env) error {
+	st, err := openStore(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := checkSchema(ctx, st, env.Log); err != nil {
+		return err
+	}
+	fmt.Fprintln(env.Stdout, "schema verified: every constraint batcherd relies on is present")
+	return nil
+}
+
+// checkSchema runs the I8 check, logs the server's isolation settings and wraps drift
+// in ErrSchemaDrift.
+func checkSchema(ctx context.Context, st *store.Store, log *slog.Logger) error {
+	rep, err := st.CheckSchema(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrSchemaDrift, err)
+	}
+	log.Info("schema verified", rep.LogAttrs()...)
+	return nil
+}

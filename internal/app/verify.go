@@ -1,0 +1,36 @@
+package app
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/batcherd/batcherd/internal/config"
+	"github.com/batcherd/batcherd/internal/verify"
+)
+
+// Verify audits the live database read-only and prints a report. It returns
+// ErrViolations (exit 1) when any invariant is broken, and ErrSchemaDrift (exit 3)
+// when the schema itself has drifted.
+func Verify(ctx context.Context, cfg *config.Config, env Env) error {
+	st, err := openStore(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	schemaErr := checkSchema(ctx, st, env.Log)
+	if schemaErr != nil {
+		fmt.Fprintf(env.Stdout, "[I8] schema: %v\n", schemaErr)
+	}
+	rep, err := verify.Run(ctx, st.DB(), verify.Options{})
+	if err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	rep.Print(env.Stdout)
+	switch {
+	case schemaErr != nil:
+		return schemaErr
+	case !rep.Clean():
+		return fmt.Errorf("%w: %d", ErrViolations, len(rep.Violations))
+	}
+	return nil
+}

@@ -1,0 +1,399 @@
+// Package verify audits a live batcherd database, read-only, for violations of the
+// invariants (DESIGN §2) and of the agreement between tables that the state machine
+// maintains. It is what `batcherd verify` runs and what the chaos run trusts.
+//
+// Every check runs inside one READ ONLY transaction WITH CONSISTENT SNAPSHOT: each
+// store method is one transaction, so a single snapshot sees the database between
+// transitions and a live system never shows a transient "violation". Tables are scanned
+// in primary-key chunks with a few indexed queries per chunk, so the cost is bounded
+// and linear on large tables.
+package verify
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// Violation is one broken rule.
+type Violation struct {
+	Check  string // e.g. "I1", "I2", "I5", "agreement"
+	Table  string
+	IDs    []string
+	Detail string
+}
+
+func (v Violation) String() string {
+	return fmt.Sprintf("[%s] %s %s: %s", v.Check, v.Table, strings.Join(v.IDs, ","), v.Detail)
+}
+
+// Report is the result of a run.
+type Report struct {
+	Operations, Batches, Bindings int
+	Violations                    []Violation
+}
+
+// Clean reports whether no violation was found.
+func (r *Report) Clean() bool { return len(r.Violations) == 0 }
+
+// Print writes a human-readable report.
+func (r *Report) Print(w io.Writer) {
+	fmt.Fprintf(w, "scanned: %d operations, %d batches, %d bindings\n", r.Operations, r.Batches, r.Bindings)
+	if r.Clean() {
+		fmt.Fprintln(w, "no violations")
+		return
+	}
+	fmt.Fprintf(w, "%d violation(s):\n", len(r.Violations))
+	for _, v := range r.Violations {
+		fmt.Fprintln(w, "  "+v.String())
+	}
+}
+
+// Options tunes a run.
+type Options struct {
+	Chunk int // rows per chunk, default 1000
+	// MaxViolations stops collecting after this many (default 1000) so a badly broken
+	// database still gives a readable report.
+	MaxViolations int
+}
+
+type auditor struct {
+	tx   *sqlx.Tx
+	opt  Options
+	rep  *Report
+	full bool
+}
+
+func (a *auditor) add(check, table, detail string, ids ...string) {
+	if len(a.rep.Violations) >= a.opt.MaxViolations {
+		a.full = true
+		return
+	}
+	a.rep.Violations = append(a.rep.Violations, Violation{Check: check, Table: table, IDs: ids, Detail: detail})
+}
+
+// Run audits the database behind db. It changes nothing.
+func Run(ctx context.Context, db *sqlx.DB, opt Options) (*Report, error) {
+	if opt.Chunk <= 0 {
+		opt.Chunk = 1000
+	}
+	if opt.MaxViolations <= 0 {
+		opt.MaxViolations = 1000
+	}
+	conn, err := db.Connx(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ"); err != nil {
+		return nil, err
+	}
+	if _, err := conn.ExecContext(ctx, "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY"); err != nil {
+		return nil, fmt.Errorf("start snapshot: %w", err)
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK") //nolint:errcheck
+	a := &auditor{opt: opt, rep: &Report{}}
+	q := &querier{conn: conn}
+	for _, step := range []func(context.Context, *querier) error{a.batches, a.operations, a.bindings} {
+		if err := step(ctx, q); err != nil {
+			return a.rep, err
+		}
+	}
+	if a.full {
+		a.add("report", "-", fmt.Sprintf("stopped after %d violations", opt.MaxViolations))
+	}
+	return a.rep, nil
+}
+
+type querier struct{ conn *sqlx.Conn }
+
+func (q *querier) sel(ctx context.Context, dest any, query string, args ...any) error {
+	query, args, err := sqlx.In(query, args...)
+	if err != nil {
+		return err
+	}
+	return q.conn.SelectContext(ctx, dest, query, args...)
+}
+
+type batchRow struct {
+	ID     int64         `db:"id"`
+	Repo   string        `db:"repo"`
+	Status int           `db:"status"`
+	MRIID  sql.NullInt64 `db:"mr_iid"`
+}
+
+// batches: I1 (one active batch per repository) and "a SUCCEEDED batch has an MR".
+func (a *auditor) batches(ctx context.Context, q *querier) error {
+	active := map[string][]string{}
+	var after int64
+	for {
+		var rows []batchRow
+		if err := q.sel(ctx, &rows, "SELECT id, repo, status, mr_iid FROM merge_batch WHERE id > ? ORDER BY id LIMIT ?", after, a.opt.Chunk); err != nil {
+			return fmt.Errorf("scan merge_batch: %w", err)
+		}
+		for _, b := range rows {
+			id := fmt.Sprint(b.ID)
+			switch b.Status {
+			case 1, 4:
+				active[b.Repo] = append(active[b.Repo], id)
+			case 2:
+				if !b.MRIID.Valid {
+					a.add("agreement", "merge_batch", "SUCCEEDED batch has no MR recorded", id)
+				}
+			case 3:
+			default:
+				a.add("agreement", "merge_batch", fmt.Sprintf("unknown status %d", b.Status), id)
+			}
+		}
+		a.rep.Batches += len(rows)
+		if len(rows) < a.opt.Chunk {
+			break
+		}
+		after = rows[len(rows)-1].ID
+	}
+	repos := make([]string, 0, len(active))
+	for r := range active {
+		repos = append(repos, r)
+	}
+	sort.Strings(repos)
+	for _, r := range repos {
+		if ids := active[r]; len(ids) > 1 {
+			a.add("I1", "merge_batch", fmt.Sprintf("repository %q has %d active batches", r, len(ids)), ids...)
+		}
+	}
+	return nil
+}
+
+type opRow struct {
+	ID          int64         `db:"id"`
+	OperationID string        `db:"operation_id"`
+	Status      string        `db:"status"`
+	BatchID     sql.NullInt64 `db:"batch_id"`
+	ErrorCode   string        `db:"error_code"`
+}
+
+type memberRow struct {
+	OperationID string `db:"operation_id"`
+	BatchID     int64  `db:"batch_id"`
+	Status      int    `db:"status"`
+}
+
+type waitRow struct {
+	OperationID string        `db:"operation_id"`
+	BatchID     sql.NullInt64 `db:"batch_id"`
+}
+
+// operations: I2 and the operation ↔ waiting set ↔ member history ↔ batch agreement.
+func (a *auditor) operations(ctx context.Context, q *querier) error {
+	var after int64
+	for {
+		var ops []opRow
+		if err := q.sel(ctx, &ops, "SELECT id, operation_id, status, batch_id, error_code FROM operation WHERE id > ? ORDER BY id LIMIT ?", after, a.opt.Chunk); err != nil {
+			return fmt.Errorf("scan operation: %w", err)
+		}
+		if len(ops) == 0 {
+			break
+		}
+		ids := make([]string, len(ops))
+		for i, o := range ops {
+			ids[i] = o.OperationID
+		}
+		var members []memberRow
+		if err := q.sel(ctx, &members, `SELECT m.operation_id, m.batch_id, b.status FROM merge_batch_member m
+			JOIN merge_batch b ON b.id = m.batch_id WHERE m.operation_id IN (?)`, ids); err != nil {
+			return fmt.Errorf("scan merge_batch_member: %w", err)
+		}
+		var waits []waitRow
+		if err := q.sel(ctx, &waits, "SELECT operation_id, batch_id FROM merge_batch_request WHERE operation_id IN (?)", ids); err != nil {
+			return fmt.Errorf("scan merge_batch_request: %w", err)
+		}
+		byOp := map[string][]memberRow{}
+		for _, m := range members {
+			byOp[m.OperationID] = append(byOp[m.OperationID], m)
+		}
+		wait := map[string]waitRow{}
+		for _, w := range waits {
+			wait[w.OperationID] = w
+		}
+		for _, o := range ops {
+			a.checkOp(o, byOp[o.OperationID], wait)
+		}
+		a.rep.Operations += len(ops)
+		if len(ops) < a.opt.Chunk {
+			break
+		}
+		after = ops[len(ops)-1].ID
+	}
+	return nil
+}
+
+func (a *auditor) checkOp(o opRow, members []memberRow, wait map[string]waitRow) {
+	id := o.OperationID
+	inMembers := func(b int64) (memberRow, bool) {
+		for _, m := range members {
+			if m.BatchID == b {
+				return m, true
+			}
+		}
+		return memberRow{}, false
+	}
+	// I2: a request is claimed by at most one batch. Failed batches release their
+	// members (retry, bisection), so at most one non-FAILED batch may hold it.
+	var live []string
+	for _, m := range members {
+		if m.Status != 3 {
+			live = append(live, fmt.Sprint(m.BatchID))
+		}
+	}
+	if len(live) > 1 {
+		a.add("I2", "merge_batch_member", fmt.Sprintf("operation %s is a member of %d batches that did not fail: %s", id, len(live), strings.Join(live, ",")), id)
+	}
+	w, hasWait := wait[id]
+	if hasWait && w.BatchID.Valid {
+		if _, ok := inMembers(w.BatchID.Int64); !ok {
+			a.add("I2", "merge_batch_request", fmt.Sprintf("waiting row claimed by batch %d, but the member history has no such row", w.BatchID.Int64), id)
+		}
+	}
+	waiting := hasWait && !w.BatchID.Valid
+	switch o.Status {
+	case "pending_approval", "rejected":
+		if hasWait {
+			a.add("agreement", "merge_batch_request", "operation "+o.Status+" but present in the waiting set", id)
+		}
+	case "queued":
+		if !waiting {
+			a.add("agreement", "operation", "queued operation missing from the waiting set (it would never be claimed)", id)
+		}
+	case "in_batch":
+		if !o.BatchID.Valid {
+			a.add("agreement", "operation", "in_batch operation has no batch_id", id)
+			return
+		}
+		m, ok := inMembers(o.BatchID.Int64)
+		switch {
+		case !ok:
+			a.add("agreement", "operation", fmt.Sprintf("in_batch in batch %d, which has no member row for it", o.BatchID.Int64), id)
+		case m.Status != 1 && m.Status != 4:
+			a.add("agreement", "operation", fmt.Sprintf("in_batch but its batch %d is not active (status %d)", o.BatchID.Int64, m.Status), id)
+		}
+		if !hasWait || !w.BatchID.Valid || w.BatchID.Int64 != o.BatchID.Int64 {
+			a.add("agreement", "merge_batch_request", fmt.Sprintf("in_batch in batch %d but its waiting row does not say so", o.BatchID.Int64), id)
+		}
+	case "merged":
+		if !o.BatchID.Valid {
+			a.add("agreement", "operation", "merged operation has no batch_id", id)
+			return
+		}
+		if m, ok := inMembers(o.BatchID.Int64); !ok || m.Status != 2 {
+			a.add("agreement", "operation", fmt.Sprintf("merged but its batch %d did not succeed", o.BatchID.Int64), id)
+		}
+	case "failed":
+		if waiting {
+			a.add("agreement", "merge_batch_request", "failed operation still waiting to be claimed", id)
+		}
+		if o.ErrorCode == "" {
+			a.add("agreement", "operation", "failed operation has no reason (error_code empty)", id)
+		}
+	default:
+		a.add("agreement", "operation", "unknown status "+o.Status, id)
+	}
+}
+
+type bindingRow struct {
+	ID          int64          `db:"id"`
+	Subject     string         `db:"subject"`
+	Target      string         `db:"target"`
+	Status      string         `db:"status"`
+	OperationID string         `db:"operation_id"`
+	Latest      sql.NullString `db:"latest"`
+	OpStatus    sql.NullString `db:"op_status"`
+	OpAction    sql.NullString `db:"op_action"`
+}
+
+// expectedBinding is the binding status its latest operation implies (DESIGN §3).
+func expectedBinding(action, opStatus string) []string {
+	grant := action == "grant"
+	switch opStatus {
+	case "pending_approval", "queued", "in_batch":
+		if grant {
+			return []string{"pending"}
+		}
+		return []string{"revoking"}
+	case "merged":
+		if grant {
+			return []string{"active"}
+		}
+		return []string{"closed"}
+	case "failed":
+		if grant {
+			return []string{"failed"}
+		}
+		return []string{"active"}
+	case "rejected":
+		if grant {
+			return []string{"rejected"}
+		}
+		return []string{"active"}
+	}
+	return nil
+}
+
+// bindings: I5 (one row per relation, pointing at its latest operation) and the
+// binding status its operation implies.
+func (a *auditor) bindings(ctx context.Context, q *querier) error {
+	var after int64
+	seen := 0
+	for {
+		var rows []bindingRow
+		if err := q.sel(ctx, &rows, `SELECT b.id, b.subject, b.target, b.status, b.operation_id,
+			(SELECT o.operation_id FROM operation o WHERE o.subject = b.subject AND o.target = b.target ORDER BY o.id DESC LIMIT 1) AS latest,
+			op.status AS op_status, op.action AS op_action
+			FROM binding b LEFT JOIN operation op ON op.operation_id = b.operation_id
+			WHERE b.id > ? ORDER BY b.id LIMIT ?`, after, a.opt.Chunk); err != nil {
+			return fmt.Errorf("scan binding: %w", err)
+		}
+		for _, b := range rows {
+			id := fmt.Sprint(b.ID)
+			if !b.OpStatus.Valid {
+				a.add("I5", "binding", fmt.Sprintf("binding points at unknown operation %s", b.OperationID), id)
+				continue
+			}
+			if b.Latest.Valid && b.Latest.String != b.OperationID {
+				a.add("I5", "binding", fmt.Sprintf("binding (%q, %q) points at %s but its latest operation is %s", b.Subject, b.Target, b.OperationID, b.Latest.String), id)
+			}
+			want := expectedBinding(b.OpAction.String, b.OpStatus.String)
+			ok := false
+			for _, s := range want {
+				ok = ok || s == b.Status
+			}
+			if !ok {
+				a.add("agreement", "binding", fmt.Sprintf("binding is %s but its %s operation %s is %s (want %s)", b.Status, b.OpAction.String, b.OperationID, b.OpStatus.String, strings.Join(want, "|")), id)
+			}
+		}
+		seen += len(rows)
+		if len(rows) < a.opt.Chunk {
+			break
+		}
+		after = rows[len(rows)-1].ID
+	}
+	a.rep.Bindings = seen
+	// I5 is enforced by uk_subject_target; a GROUP BY over the unique key is an index
+	// scan, and finding a duplicate means the index is gone (also reported by I8).
+	var dups []struct {
+		Subject string `db:"subject"`
+		Target  string `db:"target"`
+		N       int    `db:"n"`
+	}
+	if err := q.sel(ctx, &dups, "SELECT subject, target, COUNT(*) AS n FROM binding GROUP BY subject, target HAVING COUNT(*) > 1 LIMIT 100"); err != nil {
+		return fmt.Errorf("binding duplicates: %w", err)
+	}
+	for _, d := range dups {
+		a.add("I5", "binding", fmt.Sprintf("relation (%q, %q) has %d rows", d.Subject, d.Target, d.N))
+	}
+	return nil
+}

@@ -1,0 +1,119 @@
+package verify_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/batcherd/batcherd/internal/store/storetest"
+	"github.com/batcherd/batcherd/internal/verify"
+)
+
+func exec(t *testing.T, db *sqlx.DB, q string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(q, args...); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+// seedConsistent writes a small history that obeys every rule: a succeeded batch with
+// a merged grant, an active batch with an in_batch grant, a queued revoke, a failed
+// grant and a rejected grant.
+func seedConsistent(t *testing.T, db *sqlx.DB) {
+	exec(t, db, `INSERT INTO merge_batch (id, repo, status, mr_iid, size) VALUES (1, 'g/r', 2, 7, 1), (2, 'g/r', 1, NULL, 1), (3, 'g/r', 3, NULL, 1)`)
+	exec(t, db, `INSERT INTO operation (operation_id, subject, target, repo, action, status, batch_id, error_code) VALUES
+		('op-merged', 'alice', 'db', 'g/r', 'grant', 'merged', 1, ''),
+		('op-inbatch', 'bob', 'db', 'g/r', 'grant', 'in_batch', 2, ''),
+		('op-revoke', 'alice', 'db', 'g/r', 'revoke', 'queued', NULL, ''),
+		('op-failed', 'carol', 'db', 'g/r', 'grant', 'failed', 3, 'pipeline_failed'),
+		('op-rejected', 'dave', 'db', 'g/r', 'grant', 'rejected', NULL, '')`)
+	exec(t, db, `INSERT INTO merge_batch_member (batch_id, operation_id) VALUES (1, 'op-merged'), (2, 'op-inbatch'), (3, 'op-failed')`)
+	exec(t, db, `INSERT INTO merge_batch_request (operation_id, repo, batch_id) VALUES ('op-merged', 'g/r', 1), ('op-inbatch', 'g/r', 2), ('op-revoke', 'g/r', NULL)`)
+	exec(t, db, `INSERT INTO binding (subject, target, repo, status, operation_id) VALUES
+		('alice', 'db', 'g/r', 'revoking', 'op-revoke'),
+		('bob', 'db', 'g/r', 'pending', 'op-inbatch'),
+		('carol', 'db', 'g/r', 'failed', 'op-failed'),
+		('dave', 'db', 'g/r', 'rejected', 'op-rejected')`)
+}
+
+func run(t *testing.T, db *sqlx.DB) *verify.Report {
+	t.Helper()
+	rep, err := verify.Run(context.Background(), db, verify.Options{Chunk: 2})
+	if err != nil {
+		t.Fatalf("verify: %v", err)
+	}
+	return rep
+}
+
+func TestCleanDatabase(t *testing.T) {
+	st, _ := storetest.New(t)
+	seedConsistent(t, st.DB())
+	rep := run(t, st.DB())
+	if !rep.Clean() {
+		var b strings.Builder
+		rep.Print(&b)
+		t.Fatalf("consistent data reported dirty:\n%s", b.String())
+	}
+	if rep.Operations != 5 || rep.Batches != 3 || rep.Bindings != 4 {
+		t.Fatalf("chunked scan missed rows: %+v", rep)
+	}
+}
+
+func TestEachViolationIsReported(t *testing.T) {
+	cases := []struct {
+		name   string
+		break_ func(t *testing.T, db *sqlx.DB)
+		want   string
+	}{
+		{"two active batches in a repository", func(t *testing.T, db *sqlx.DB) {
+			exec(t, db, "ALTER TABLE merge_batch DROP INDEX uk_active_slot")
+			exec(t, db, "INSERT INTO merge_batch (id, repo, status) VALUES (9, 'g/r', 4)")
+		}, "[I1] merge_batch"},
+		{"operation in two live batches", func(t *testing.T, db *sqlx.DB) {
+			exec(t, db, "INSERT INTO merge_batch_member (batch_id, operation_id) VALUES (2, 'op-merged')")
+		}, "[I2] merge_batch_member"},
+		{"waiting row claimed without member history", func(t *testing.T, db *sqlx.DB) {
+			exec(t, db, "UPDATE merge_batch_request SET batch_id = 1 WHERE operation_id = 'op-revoke'")
+		}, "[I2] merge_batch_request"},
+		{"queued operation missing from waiting set", func(t *testing.T, db *sqlx.DB) {
+			exec(t, db, "DELETE FROM merge_batch_request WHERE operation_id = 'op-revoke'")
+		}, "queued operation missing from the waiting set"},
+		{"in_batch operation of a finished batch", func(t *testing.T, db *sqlx.DB) {
+			exec(t, db, "UPDATE merge_batch SET status = 3 WHERE id = 2")
+		}, "is not active"},
+		{"merged operation of a failed batch", func(t *testing.T, db *sqlx.DB) {
+			exec(t, db, "UPDATE merge_batch SET status = 3 WHERE id = 1")
+		}, "did not succeed"},
+		{"succeeded batch without MR", func(t *testing.T, db *sqlx.DB) {
+			exec(t, db, "UPDATE merge_batch SET mr_iid = NULL WHERE id = 1")
+		}, "SUCCEEDED batch has no MR"},
+		{"binding not pointing at its latest operation", func(t *testing.T, db *sqlx.DB) {
+			exec(t, db, "UPDATE binding SET operation_id = 'op-merged', status = 'active' WHERE subject = 'alice'")
+		}, "[I5] binding"},
+		{"binding status disagrees with its operation", func(t *testing.T, db *sqlx.DB) {
+			exec(t, db, "UPDATE binding SET status = 'active' WHERE subject = 'carol'")
+		}, "binding is active but its grant operation op-failed is failed"},
+		{"failed operation without reason", func(t *testing.T, db *sqlx.DB) {
+			exec(t, db, "UPDATE operation SET error_code = '' WHERE operation_id = 'op-failed'")
+		}, "has no reason"},
+		{"duplicate relation rows", func(t *testing.T, db *sqlx.DB) {
+			exec(t, db, "ALTER TABLE binding DROP INDEX uk_subject_target")
+			exec(t, db, "INSERT INTO binding (subject, target, repo, status, operation_id) VALUES ('dave', 'db', 'g/r', 'rejected', 'op-rejected')")
+		}, "has 2 rows"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st, _ := storetest.New(t)
+			seedConsistent(t, st.DB())
+			tc.break_(t, st.DB())
+			rep := run(t, st.DB())
+			var b strings.Builder
+			rep.Print(&b)
+			if rep.Clean() || !strings.Contains(b.String(), tc.want) {
+				t.Fatalf("want a violation containing %q, got:\n%s", tc.want, b.String())
+			}
+		})
+	}
+}
