@@ -1,0 +1,106 @@
+package scanner
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+
+	"github.com/batcherd/batcherd/internal/store"
+)
+
+// claimConfig is the claim loop's slice of Config.
+type claimConfig struct {
+	repos    []string
+	schedule string // robfig/cron spec; Run parses it
+	maxBatch int
+}
+
+// claimLoop turns each repository's waiting operations into a batch, on the cron
+// schedule and on RunRound. Both paths run claimRepo: at most one batch per repository
+// is guaranteed by the store's unique slot, not by who calls, so a manual round and a
+// scheduled one at the same instant make one batch.
+type claimLoop struct {
+	s   *Scanner
+	cfg claimConfig
+	log *slog.Logger
+}
+
+// runOnce runs one round over every configured repository.
+func (l *claimLoop) runOnce(ctx context.Context) error {
+	started, failed := 0, 0
+	for _, repo := range l.cfg.repos {
+		if ctx.Err() != nil || l.s.stopping() {
+			break
+		}
+		started++
+		if _, err := l.claimRepo(ctx, repo); err != nil {
+			failed++
+		}
+	}
+	return passResult(started, failed)
+}
+
+// claimRepo is one claim attempt for one repository. Every outcome (claimed,
+// slot_occupied, nothing_to_claim, preempted) is normal; only a store failure is an
+// error.
+func (l *claimLoop) claimRepo(ctx context.Context, repo string) (store.ClaimResult, error) {
+	log := l.log.With("repo", repo)
+	// Lock-free precheck outside any transaction: most rounds of most repositories
+	// have nothing waiting, and an empty round must not touch the slot.
+	ok, err := l.s.st.WaitingExists(ctx, repo)
+	if err != nil {
+		return store.ClaimResult{}, l.s.itemErr("claim", log, "waiting precheck failed", err)
+	}
+	if !ok {
+		l.s.m.outcomes.WithLabelValues("claim", string(store.ClaimNothingToClaim)).Inc()
+		return store.ClaimResult{Outcome: store.ClaimNothingToClaim}, nil
+	}
+	res, err := l.s.st.BatchClaim(ctx, repo, l.cfg.maxBatch)
+	if isLost(err) {
+		// A deadlock or lock-wait victim while racing for the slot (DESIGN §7) means
+		// someone else holds or takes it: occupied, try next round.
+		res, err = store.ClaimResult{Outcome: store.ClaimSlotOccupied}, nil
+	}
+	if err != nil {
+		return store.ClaimResult{}, l.s.itemErr("claim", log, "claim failed", err)
+	}
+	l.s.m.outcomes.WithLabelValues("claim", string(res.Outcome)).Inc()
+	if res.Outcome != store.ClaimClaimed {
+		log.Debug("claim round", "outcome", res.Outcome)
+		return res, nil
+	}
+	l.s.m.batchSize.Observe(float64(len(res.OperationIDs)))
+	log.Info("claimed batch", "batch_id", res.BatchID, "size", len(res.OperationIDs))
+	l.s.step(ctx, "claim.claimed", res.BatchID)
+	// Publish now rather than at the next publish tick.
+	kick(l.s.kickPublish)
+	return res, nil
+}
+
+// RunRound runs a claim round now for repo, through the same code as the scheduled
+// round (the admin API's POST /v1/admin/rounds). repo "" means every configured
+// repository: the result is the first claimed batch, else slot_occupied if any
+// repository's slot was taken, else nothing_to_claim. ErrUnknownRepo for a repository
+// that is not configured.
+func (s *Scanner) RunRound(ctx context.Context, repo string) (store.ClaimResult, error) {
+	if repo != "" {
+		if !slices.Contains(s.cfg.Repos, repo) {
+			return store.ClaimResult{}, ErrUnknownRepo
+		}
+		return s.claim.claimRepo(ctx, repo)
+	}
+	best := store.ClaimResult{Outcome: store.ClaimNothingToClaim}
+	for _, r := range s.cfg.Repos {
+		res, err := s.claim.claimRepo(ctx, r)
+		if err != nil {
+			return res, err
+		}
+		switch {
+		case res.Outcome == store.ClaimClaimed && best.Outcome != store.ClaimClaimed:
+			best = res
+		case res.Outcome == store.ClaimSlotOccupied && best.Outcome == store.ClaimNothingToClaim:
+			best = res
+		}
+	}
+	return best, nil
+}

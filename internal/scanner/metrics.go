@@ -1,0 +1,167 @@
+package scanner
+
+import (
+	"context"
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/batcherd/batcherd/internal/mr"
+)
+
+// metrics are one scanner's collectors. They are registered on the registerer given
+// to New, never the global default: tests run several scanners in one process.
+type metrics struct {
+	runs          *prometheus.CounterVec   // loop
+	outcomes      *prometheus.CounterVec   // loop, outcome
+	errors        *prometheus.CounterVec   // loop, class
+	duration      *prometheus.HistogramVec // loop
+	batchDuration *prometheus.HistogramVec // outcome
+	batchSize     prometheus.Histogram
+	settles       *prometheus.CounterVec // outcome, code
+	gitlab        *prometheus.CounterVec // op, class
+}
+
+func newMetrics(reg prometheus.Registerer, replica string) *metrics {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	var cl prometheus.Labels
+	if replica != "" {
+		// Lets several scanners share one registry (distinct label values); one
+		// process per replica in production makes it a harmless constant.
+		cl = prometheus.Labels{"replica": replica}
+	}
+	m := &metrics{
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "batcherd_scanner_loop_runs_total", Help: "Passes of each scanner loop.", ConstLabels: cl,
+		}, []string{"loop"}),
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "batcherd_scanner_loop_outcomes_total", Help: "Normal outcomes of scanner loops (claimed, slot_occupied, nothing_to_claim, preempted, published, lost_race, blocked, …).", ConstLabels: cl,
+		}, []string{"loop", "outcome"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "batcherd_scanner_loop_errors_total", Help: "Errors of scanner loops by class (gitlab_transient, gitlab_permanent, gitlab_not_found, db, db_commit_unknown, timeout, panic, other).", ConstLabels: cl,
+		}, []string{"loop", "class"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "batcherd_scanner_loop_duration_seconds", Help: "Duration of one pass of a scanner loop.", ConstLabels: cl,
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"loop"}),
+		batchDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "batcherd_batch_duration_seconds", Help: "Time from claim to settlement of a batch (DB clock), by outcome.", ConstLabels: cl,
+			Buckets: []float64{1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200},
+		}, []string{"outcome"}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "batcherd_batch_size", Help: "Operations claimed into one batch.", ConstLabels: cl,
+			Buckets: []float64{1, 2, 5, 10, 25, 50, 100, 250, 500, 1000},
+		}),
+		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "batcherd_batch_settles_total", Help: "Batches settled by this replica, by outcome and failure code.", ConstLabels: cl,
+		}, []string{"outcome", "code"}),
+		gitlab: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "batcherd_scanner_gitlab_calls_total", Help: "GitLab calls made by the scanner, by operation and result class (ok, transient, permanent, not_found, canceled, other).", ConstLabels: cl,
+		}, []string{"op", "class"}),
+	}
+	m.runs = register(reg, m.runs)
+	m.outcomes = register(reg, m.outcomes)
+	m.errors = register(reg, m.errors)
+	m.duration = register(reg, m.duration)
+	m.batchDuration = register(reg, m.batchDuration)
+	m.batchSize = register(reg, m.batchSize)
+	m.settles = register(reg, m.settles)
+	m.gitlab = register(reg, m.gitlab)
+	return m
+}
+
+// register registers c, reusing an identical collector already there (two scanners with
+// the same replica id on one registry share their series instead of panicking).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if ex, ok := are.ExistingCollector.(C); ok {
+				return ex
+			}
+		}
+		// A conflicting collector under our name is a programming error in the caller's
+		// registry; metrics must never stop the scanner, so keep ours unregistered.
+	}
+	return c
+}
+
+// instrumented wraps the GitLab layer to count every call by op and result class.
+type instrumented struct {
+	gl GitLab
+	m  *metrics
+}
+
+func instrument(gl GitLab, m *metrics) GitLab { return &instrumented{gl: gl, m: m} }
+
+func (g *instrumented) count(op string, err error) {
+	class := "ok"
+	switch {
+	case err == nil:
+	case errors.Is(err, context.Canceled):
+		class = "canceled"
+	default:
+		if c := mr.ClassOf(err); c != mr.ClassNone {
+			class = c.String()
+		} else {
+			class = "other"
+		}
+	}
+	g.m.gitlab.WithLabelValues(op, class).Inc()
+}
+
+func (g *instrumented) EnsureBranch(ctx context.Context, project, branch, ref string) error {
+	err := g.gl.EnsureBranch(ctx, project, branch, ref)
+	g.count("ensure_branch", err)
+	return err
+}
+
+func (g *instrumented) CommitFiles(ctx context.Context, project, branch string, batchID int64, message string, files []mr.FileAction) (string, error) {
+	sha, err := g.gl.CommitFiles(ctx, project, branch, batchID, message, files)
+	g.count("commit_files", err)
+	return sha, err
+}
+
+func (g *instrumented) FindMR(ctx context.Context, project, sourceBranch string) (mr.MergeRequest, bool, error) {
+	m, found, err := g.gl.FindMR(ctx, project, sourceBranch)
+	g.count("find_mr", err)
+	return m, found, err
+}
+
+func (g *instrumented) EnsureMR(ctx context.Context, project string, spec mr.MRSpec) (mr.MergeRequest, error) {
+	m, err := g.gl.EnsureMR(ctx, project, spec)
+	g.count("ensure_mr", err)
+	return m, err
+}
+
+func (g *instrumented) GetMR(ctx context.Context, project string, iid int64) (mr.MergeRequest, error) {
+	m, err := g.gl.GetMR(ctx, project, iid)
+	g.count("get_mr", err)
+	return m, err
+}
+
+func (g *instrumented) SetAutoMerge(ctx context.Context, project string, iid int64, sha string) (mr.MergeRequest, error) {
+	m, err := g.gl.SetAutoMerge(ctx, project, iid, sha)
+	g.count("set_auto_merge", err)
+	return m, err
+}
+
+func (g *instrumented) Merge(ctx context.Context, project string, iid int64, sha string) (mr.MergeRequest, error) {
+	m, err := g.gl.Merge(ctx, project, iid, sha)
+	g.count("merge", err)
+	return m, err
+}
+
+func (g *instrumented) CloseMR(ctx context.Context, project string, iid int64) (mr.MergeRequest, error) {
+	m, err := g.gl.CloseMR(ctx, project, iid)
+	g.count("close_mr", err)
+	return m, err
+}
+
+func (g *instrumented) ListOpenLabeled(ctx context.Context, project, label string) ([]mr.MergeRequest, error) {
+	ms, err := g.gl.ListOpenLabeled(ctx, project, label)
+	g.count("list_open_labeled", err)
+	return ms, err
+}

@@ -1,0 +1,140 @@
+package scanner
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/batcherd/batcherd/internal/mr"
+	"github.com/batcherd/batcherd/internal/store"
+)
+
+// orphanConfig is the orphan sweep's slice of Config.
+type orphanConfig struct {
+	interval time.Duration
+	repos    []string
+	lookback time.Duration
+	limit    int
+}
+
+// orphanLoop is the backstop of fencing, in both directions:
+//
+//   - an open batcherd-labelled MR whose batch is not active (settled, or unknown to the
+//     database) must not stay mergeable: close it. This catches a publish that lost
+//     to a settle before the settler could see its MR.
+//   - a FAILED batch whose MR merged anyway (a human merged it): the database follows
+//     the repository — FAILED → SUCCEEDED with an audit event (merged wins).
+type orphanLoop struct {
+	s   *Scanner
+	cfg orphanConfig
+	log *slog.Logger
+}
+
+func (l *orphanLoop) runOnce(ctx context.Context) error {
+	var errs []error
+	for _, repo := range l.cfg.repos {
+		if ctx.Err() != nil || l.s.stopping() {
+			break
+		}
+		if err := l.sweepOpen(ctx, repo); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := l.sweepFailed(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// sweepOpen closes open labelled MRs of repo whose batch is not active.
+func (l *orphanLoop) sweepOpen(ctx context.Context, repo string) error {
+	open, err := l.s.gl.ListOpenLabeled(ctx, repo, mr.Label)
+	if err != nil {
+		return err
+	}
+	for _, m := range open {
+		if ctx.Err() != nil || l.s.stopping() {
+			break
+		}
+		log := l.log.With("repo", repo, "mr_iid", m.IID, "branch", m.SourceBranch)
+		id, ok := batchIDOf(m.SourceBranch)
+		if !ok {
+			// Labelled by hand, not a batch branch: not ours to close.
+			log.Debug("labelled MR on a non-batch branch; leaving it")
+			continue
+		}
+		log = log.With("batch_id", id)
+		b, err := l.s.st.BatchGet(ctx, id)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			// A batch row can only be missing if the database lost it (restore from an
+			// older backup): nothing would ever follow this MR, so it must not merge.
+		case err != nil:
+			l.s.itemErr("orphans", log, "reading the MR's batch failed", err)
+			continue
+		case b.Status.Active():
+			continue
+		case b.Repo != repo:
+			log.Warn("batch branch belongs to another repository's batch; leaving it", "batch_repo", b.Repo)
+			continue
+		}
+		cm, err := l.s.gl.CloseMR(ctx, repo, m.IID)
+		if err != nil {
+			l.s.itemErr("orphans", log, "closing an orphan MR failed", err)
+			continue
+		}
+		l.s.m.outcomes.WithLabelValues("orphans", "closed").Inc()
+		log.Info("closed orphan merge request", "batch_status", b.Status.String(), "mr_state", cm.State)
+		if cm.State == mr.StateMerged && b.Status == store.BatchFailed {
+			// It merged before we could close it: merged wins.
+			l.s.itemErr("orphans", log, "settling a merged orphan failed", l.s.mergedAfterFailed(ctx, b, cm, log))
+		}
+	}
+	return nil
+}
+
+// sweepFailed re-reads the MRs of recently FAILED batches: merged wins.
+func (l *orphanLoop) sweepFailed(ctx context.Context) error {
+	failed, err := l.s.st.BatchesFailedWithMR(ctx, l.cfg.lookback, l.cfg.limit)
+	if err != nil {
+		return err
+	}
+	for _, b := range failed {
+		if ctx.Err() != nil || l.s.stopping() {
+			break
+		}
+		if b.MRIID == nil {
+			continue
+		}
+		log := batchLog(l.log, b).With("mr_iid", *b.MRIID)
+		m, err := l.s.gl.GetMR(ctx, b.Repo, *b.MRIID)
+		if err != nil {
+			l.s.itemErr("orphans", log, "reading a failed batch's MR failed", err)
+			continue
+		}
+		if m.State != mr.StateMerged {
+			continue
+		}
+		if l.s.itemErr("orphans", log, "settling a merged failed batch failed", l.s.mergedAfterFailed(ctx, b, m, log)) == nil {
+			l.s.m.outcomes.WithLabelValues("orphans", "merged_after_failed").Inc()
+		}
+	}
+	return nil
+}
+
+// batchIDOf parses the batch id out of a branch named by store.BranchName.
+func batchIDOf(branch string) (int64, bool) {
+	const prefix = "batcherd/batch-"
+	rest, ok := strings.CutPrefix(branch, prefix)
+	if !ok {
+		return 0, false
+	}
+	id, err := strconv.ParseInt(rest, 10, 64)
+	if err != nil || id <= 0 || store.BranchName(id) != branch {
+		return 0, false
+	}
+	return id, true
+}

@@ -1,0 +1,234 @@
+package scanner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/batcherd/batcherd/internal/mr"
+	"github.com/batcherd/batcherd/internal/store"
+)
+
+// publishConfig is the publish loop's slice of Config.
+type publishConfig struct {
+	interval time.Duration
+	lease    time.Duration // how long a publisher holds a batch before another may resume it
+	target   string
+	mode     MergeMode
+	limit    int
+	workers  int
+}
+
+// publishLoop gives each RUNNING batch without an MR its branch, commit and MR, records
+// the MR (fencing), then arms the merge. Every GitLab step is idempotent by the
+// deterministic branch batcherd/batch-<id>, so a publish abandoned at any step is
+// resumed by whichever replica reserves the batch next, never duplicated.
+type publishLoop struct {
+	s   *Scanner
+	cfg publishConfig
+	log *slog.Logger
+}
+
+func (l *publishLoop) runOnce(ctx context.Context) error {
+	due, err := l.s.st.BatchesDue(ctx, l.cfg.limit)
+	if err != nil {
+		return err
+	}
+	due = slices.DeleteFunc(due, func(b store.Batch) bool { return b.Status != store.BatchRunning || b.MRIID != nil })
+	started, failed := forEach(ctx, l.s, l.cfg.workers, due, func(ctx context.Context, b store.Batch) error {
+		log := batchLog(l.log, b)
+		// tryLock: the reservation pushes next_check_at past the lease, so other
+		// replicas (and our reconcile loop) leave the batch alone while we publish.
+		rb, err := l.s.st.BatchReserve(ctx, b.ID, b.Version, l.cfg.lease)
+		if err != nil {
+			return l.s.itemErr("publish", log, "reserve failed", err)
+		}
+		l.s.step(ctx, "publish.reserved", b.ID)
+		return l.s.itemErr("publish", log, "publish failed", l.publish(ctx, rb, log))
+	})
+	return passResult(started, failed)
+}
+
+// publish runs the publish steps for a reserved batch b.
+func (l *publishLoop) publish(ctx context.Context, b store.Batch, log *slog.Logger) error {
+	branch := store.BranchName(b.ID)
+	// The batch's MR is the branch's MR in any state: a merged or closed one found here
+	// (a crash after EnsureMR, then a human acted) is recorded as is, and reconcile
+	// settles it; never open a second MR for a branch.
+	m, found, err := l.s.gl.FindMR(ctx, b.Repo, branch)
+	if err != nil {
+		return err
+	}
+	l.s.step(ctx, "publish.found", b.ID)
+	sha := m.SHA
+	if !found || m.State == mr.StateOpened {
+		members, err := l.s.st.BatchMembers(ctx, b.ID)
+		if err != nil {
+			return err
+		}
+		if len(members) == 0 {
+			// Cannot happen through BatchClaim; fail loudly rather than open an empty MR.
+			_, err := l.s.settleFailure(ctx, b, "empty_batch", "the batch has no members", log)
+			return err
+		}
+		files, err := fileActions(members)
+		if err != nil {
+			return err
+		}
+		if err := l.s.gl.EnsureBranch(ctx, b.Repo, branch, l.cfg.target); err != nil {
+			return err
+		}
+		l.s.step(ctx, "publish.branch", b.ID)
+		// CommitFiles is idempotent by the Batcherd-Batch trailer: resumed after a lost
+		// answer it returns the earlier commit's sha.
+		sha, err = l.s.gl.CommitFiles(ctx, b.Repo, branch, b.ID, commitMessage(b, members), files)
+		if err != nil {
+			return err
+		}
+		l.s.step(ctx, "publish.commit", b.ID)
+		m, err = l.s.gl.EnsureMR(ctx, b.Repo, mr.MRSpec{
+			SourceBranch: branch,
+			TargetBranch: l.cfg.target,
+			Title:        mrTitle(b, members),
+			Description:  mrDescription(b, members),
+			Labels:       []string{mr.Label},
+		})
+		if err != nil {
+			return err
+		}
+		l.s.step(ctx, "publish.mr", b.ID)
+	}
+	if sha == "" {
+		sha = m.SHA
+	}
+
+	// Fencing: record the MR with a write guarded on the version we reserved, BEFORE
+	// any merge is armed. If it loses, the batch moved on without us.
+	rb, err := l.s.st.BatchRecordMR(ctx, b.ID, b.Version, store.MRRecord{IID: m.IID, URL: m.WebURL, SHA: sha})
+	if isLost(err) {
+		return l.lostRecord(ctx, b, m, log)
+	}
+	if err != nil {
+		return err
+	}
+	log = log.With("mr_iid", m.IID)
+	l.s.m.outcomes.WithLabelValues("publish", "published").Inc()
+	log.Info("published batch", "mr_url", m.WebURL, "sha", sha, "mr_state", m.State)
+	l.s.step(ctx, "publish.recorded", b.ID)
+
+	if m.State == mr.StateOpened && l.cfg.mode == MergeAuto {
+		// sha-guarded: GitLab refuses if the branch head is not what we committed. A
+		// failure here is retried by reconcile, which re-arms any opened MR that is not
+		// armed.
+		am, err := l.s.gl.SetAutoMerge(ctx, b.Repo, m.IID, sha)
+		if err != nil && !isCanceled(err) {
+			log.Info("arming auto-merge failed; reconcile will retry", "err", err)
+		} else if err == nil {
+			l.s.m.outcomes.WithLabelValues("publish", "armed").Inc()
+			log.Debug("auto-merge armed", "mr_state", am.State)
+			l.s.step(ctx, "publish.armed", b.ID)
+		}
+	}
+	// Reconcile should look at the MR soon, not when the publish lease runs out. A
+	// scheduling hint only: it does not bump version.
+	if err := l.s.st.BatchMarkDue(ctx, rb.ID); err != nil && !isCanceled(err) {
+		log.Debug("mark due failed", "err", err)
+	}
+	kick(l.s.kickReconcile)
+	return nil
+}
+
+// lostRecord handles a BatchRecordMR that lost its guard: someone else reserved or
+// settled the batch while we published. Re-read it: if it is settled, our MR must not
+// stay open (fencing); if it is still active, whoever holds it either records this same
+// MR (EnsureMR is idempotent by branch) or settles the batch and closes the MR through
+// the branch — and the orphan sweep is the backstop — so we do nothing.
+func (l *publishLoop) lostRecord(ctx context.Context, b store.Batch, m mr.MergeRequest, log *slog.Logger) error {
+	cur, err := l.s.st.BatchGet(ctx, b.ID)
+	if err != nil {
+		return err
+	}
+	l.s.m.outcomes.WithLabelValues("publish", "lost_race").Inc()
+	if cur.Status.Active() {
+		log.Debug("recording the MR lost a race; the batch is held by another replica",
+			"mr_iid", m.IID, "recorded_iid", cur.MRIID)
+		return nil
+	}
+	if cur.Status != store.BatchFailed {
+		return nil // SUCCEEDED: the MR merged, nothing to fence
+	}
+	log.Info("batch settled while publishing; closing the MR we made", "mr_iid", m.IID)
+	if m.State == mr.StateOpened {
+		cm, err := l.s.gl.CloseMR(ctx, b.Repo, m.IID)
+		if err != nil {
+			return err
+		}
+		m = cm
+	}
+	if m.State == mr.StateMerged {
+		// Merged in between: the database follows the repository.
+		cur.MRIID = &m.IID
+		return l.s.mergedAfterFailed(ctx, cur, m, log)
+	}
+	return nil
+}
+
+// fileActions turns the members into one commit's file actions: grant → write the
+// binding file, revoke → delete it. Members are sorted by operation id; should two
+// touch the same file (the binding state machine prevents it), the newest wins, because
+// one commit cannot carry two actions on one path.
+func fileActions(members []store.Operation) ([]mr.FileAction, error) {
+	byPath := map[string]store.Operation{}
+	for _, op := range members {
+		p := mr.BindingPath(op.Subject, op.Target)
+		if prev, ok := byPath[p]; ok && prev.CreatedAt.After(op.CreatedAt) {
+			continue
+		}
+		byPath[p] = op
+	}
+	paths := make([]string, 0, len(byPath))
+	for p := range byPath {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	out := make([]mr.FileAction, 0, len(paths))
+	for _, p := range paths {
+		op := byPath[p]
+		switch op.Action {
+		case store.ActionGrant:
+			content, err := bindingYAML(op)
+			if err != nil {
+				return nil, fmt.Errorf("binding file for %s: %w", op.OperationID, err)
+			}
+			out = append(out, mr.FileAction{Path: p, Content: content})
+		case store.ActionRevoke:
+			out = append(out, mr.FileAction{Path: p, Delete: true})
+		default:
+			return nil, errors.New("operation " + op.OperationID + ": unknown action " + string(op.Action))
+		}
+	}
+	return out, nil
+}
+
+func mrTitle(b store.Batch, members []store.Operation) string {
+	return fmt.Sprintf("batcherd: batch %d for %s (%d operations)", b.ID, b.Repo, len(members))
+}
+
+func commitMessage(b store.Batch, members []store.Operation) string {
+	return fmt.Sprintf("batcherd: batch %d (%d operations)", b.ID, len(members))
+}
+
+// mrDescription lists the batch id and every operation id (DESIGN §5, contract).
+func mrDescription(b store.Batch, members []store.Operation) string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "Batch %d for `%s`, opened by batcherd.\n\n", b.ID, b.Repo)
+	fmt.Fprintf(&sb, "batch_id: %d\n\nOperations (%d):\n\n", b.ID, len(members))
+	for _, op := range members {
+		fmt.Fprintf(&sb, "- %s %s `%s` → `%s`\n", op.OperationID, op.Action, op.Subject, op.Target)
+	}
+	return sb.String()
+}

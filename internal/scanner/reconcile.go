@@ -1,0 +1,173 @@
+package scanner
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/batcherd/batcherd/internal/mr"
+	"github.com/batcherd/batcherd/internal/store"
+)
+
+// Block codes recorded on a BLOCKED batch.
+const (
+	CodePipelineFailed = "pipeline_failed"
+	CodeMergeConflict  = "merge_conflict"
+	CodeNeedRebase     = "need_rebase"
+	CodeHeadMoved      = "head_moved"
+)
+
+// reconcileConfig is the reconcile loop's slice of Config.
+type reconcileConfig struct {
+	interval time.Duration // also the reservation lease: the next check of a batch
+	mode     MergeMode
+	limit    int
+	workers  int
+}
+
+// reconcileLoop follows the MR of every active batch that is due for a check, taken
+// with fetch → tryLock so the replicas do not all poll the same MR. The MR is the
+// truth; the database follows it.
+type reconcileLoop struct {
+	s   *Scanner
+	cfg reconcileConfig
+	log *slog.Logger
+}
+
+func (l *reconcileLoop) runOnce(ctx context.Context) error {
+	due, err := l.s.st.BatchesDue(ctx, l.cfg.limit)
+	if err != nil {
+		return err
+	}
+	// Batches without an MR belong to publish.
+	due = slices.DeleteFunc(due, func(b store.Batch) bool { return b.MRIID == nil })
+	started, failed := forEach(ctx, l.s, l.cfg.workers, due, func(ctx context.Context, b store.Batch) error {
+		log := batchLog(l.log, b).With("mr_iid", *b.MRIID)
+		// The lease is the check interval: whatever we find, the next look at this
+		// batch is one interval from now (DB clock), by whichever replica.
+		rb, err := l.s.st.BatchReserve(ctx, b.ID, b.Version, l.cfg.interval)
+		if err != nil {
+			return l.s.itemErr("reconcile", log, "reserve failed", err)
+		}
+		if rb.MRIID == nil {
+			return nil // cannot happen: an MR is never unrecorded
+		}
+		return l.s.itemErr("reconcile", log, "reconcile failed", l.reconcile(ctx, rb, log))
+	})
+	return passResult(started, failed)
+}
+
+// reconcile applies what the MR says to the reserved batch b.
+func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.Logger) error {
+	m, err := l.s.gl.GetMR(ctx, b.Repo, *b.MRIID)
+	if mr.ClassOf(err) == mr.ClassNotFound {
+		// The MR was deleted (or the project moved): nothing can merge it any more.
+		_, err = l.s.settleFailure(ctx, b, CodeMRMissing, fmt.Sprintf("merge request !%d no longer exists", *b.MRIID), log)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	switch m.State {
+	case mr.StateMerged:
+		_, err := l.s.settleSucceeded(ctx, b, log)
+		return err
+	case mr.StateClosed:
+		_, err := l.s.settleFailure(ctx, b, CodeMRClosed, fmt.Sprintf("merge request !%d was closed without merging", m.IID), log)
+		return err
+	case mr.StateOpened:
+	default:
+		return nil // locked: GitLab is merging it; look again next interval
+	}
+
+	if code, msg := blockReason(b, m); code != "" {
+		if b.Status == store.BatchBlocked {
+			return nil // still blocked; the timeout sweep bounds how long
+		}
+		nb, err := l.s.st.BatchBlock(ctx, b.ID, b.Version, code, msg)
+		if err != nil {
+			return err
+		}
+		l.s.m.outcomes.WithLabelValues("reconcile", "blocked").Inc()
+		log.Warn("batch blocked", "code", code, "message", msg, "version", nb.Version)
+		return nil
+	}
+	if b.Status == store.BatchBlocked {
+		// The reason went away (pipeline retried, conflict resolved): back to RUNNING,
+		// and fall through to re-arm the merge.
+		nb, err := l.s.st.BatchUnblock(ctx, b.ID, b.Version)
+		if err != nil {
+			return err
+		}
+		l.s.m.outcomes.WithLabelValues("reconcile", "unblocked").Inc()
+		log.Info("batch unblocked", "pipeline", m.PipelineStatus)
+		b = nb
+	}
+
+	// Every merge call carries the sha batcherd committed and recorded, never the head
+	// GitLab reports: a branch moved by someone else must not merge under our batch.
+	sha := b.MRSHA
+	if sha == "" {
+		sha = m.SHA
+	}
+	var merged mr.MergeRequest
+	switch l.cfg.mode {
+	case MergeAuto:
+		if m.MergeWhenPipelineSucceeds {
+			return nil
+		}
+		// Not armed: publish crashed (or failed to arm) after recording the MR, or the
+		// pipeline was retried after a failure disarmed it.
+		merged, err = l.s.gl.SetAutoMerge(ctx, b.Repo, m.IID, sha)
+		if err != nil {
+			return err
+		}
+		l.s.m.outcomes.WithLabelValues("reconcile", "armed").Inc()
+		log.Info("auto-merge armed", "mr_state", merged.State)
+	case MergeDirect:
+		if m.PipelineStatus != "success" {
+			return nil
+		}
+		merged, err = l.s.gl.Merge(ctx, b.Repo, m.IID, sha)
+		if err != nil {
+			return err
+		}
+		l.s.m.outcomes.WithLabelValues("reconcile", "merged").Inc()
+	default:
+		return nil // manual: humans merge
+	}
+	if merged.State == mr.StateMerged {
+		_, err := l.s.settleSucceeded(ctx, b, log)
+		return err
+	}
+	return nil
+}
+
+// blockReason says why an open MR cannot merge as it stands, or "" when it can (or may
+// once its pipeline finishes).
+func blockReason(b store.Batch, m mr.MergeRequest) (code, msg string) {
+	switch {
+	case m.PipelineStatus == "failed" || m.PipelineStatus == "canceled":
+		msg := fmt.Sprintf("pipeline %d of merge request !%d %s", m.PipelineID, m.IID, m.PipelineStatus)
+		if m.FailureReason != "" {
+			msg += ": " + m.FailureReason
+		}
+		return CodePipelineFailed, msg
+	case m.HasConflicts || m.DetailedMergeStatus == "conflict":
+		return CodeMergeConflict, fmt.Sprintf("merge request !%d has conflicts with its target branch", m.IID)
+	case m.DetailedMergeStatus == "need_rebase":
+		return CodeNeedRebase, fmt.Sprintf("merge request !%d needs a rebase onto its target branch", m.IID)
+	case b.MRSHA != "" && m.SHA != "" && m.SHA != b.MRSHA:
+		return CodeHeadMoved, fmt.Sprintf("the head of %s is %s, not the commit batcherd made (%s)", m.SourceBranch, short(m.SHA), short(b.MRSHA))
+	}
+	return "", ""
+}
+
+func short(sha string) string {
+	if len(sha) > 12 {
+		return sha[:12]
+	}
+	return sha
+}

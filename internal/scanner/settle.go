@@ -1,0 +1,214 @@
+package scanner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/batcherd/batcherd/internal/mr"
+	"github.com/batcherd/batcherd/internal/store"
+)
+
+// Failure codes recorded on a batch and its members by settle failure.
+const (
+	CodeTimeout      = "timeout"
+	CodeMRClosed     = "mr_closed"
+	CodeMRMissing    = "mr_missing"
+	CodeManualSettle = "manual_settle"
+	CodeEmptyBatch   = "empty_batch"
+)
+
+// errStillOpen: the MR is still open after we closed it (reopened in between, or
+// GitLab answered stale). Settling FAILED now could let it merge behind a failed
+// batch, so the settle is retried later.
+var errStillOpen = errors.New("merge request still open after closing it")
+
+// settleFailure settles an active batch b (whose version the caller just read or
+// reserved) as failed. Order matters (DESIGN §4, fencing):
+//
+//  1. find the MR by the recorded iid, or by the deterministic branch when none is
+//     recorded yet — a publish in flight may have opened it;
+//  2. if it is open, close it;
+//  3. read it again: merged wins (it merged between our read and our close) → settle
+//     success;
+//  4. otherwise fail the batch in one store transaction, batch guard first, so a second
+//     settler fails at its first statement and changes nothing.
+//
+// GitLab trouble at steps 1–3 aborts the settle (the batch stays active and is retried):
+// failing a batch whose MR may still merge is what fencing forbids.
+func (s *Scanner) settleFailure(ctx context.Context, b store.Batch, code, msg string, log *slog.Logger) (store.Batch, error) {
+	var (
+		m     mr.MergeRequest
+		found bool
+		err   error
+	)
+	if b.MRIID != nil {
+		m, err = s.gl.GetMR(ctx, b.Repo, *b.MRIID)
+		switch {
+		case err == nil:
+			found = true
+		case mr.ClassOf(err) != mr.ClassNotFound:
+			return b, err
+		}
+	}
+	if !found {
+		m, found, err = s.gl.FindMR(ctx, b.Repo, store.BranchName(b.ID))
+		if err != nil {
+			return b, err
+		}
+	}
+	s.step(ctx, "settle.found", b.ID)
+	if found {
+		if m.State == mr.StateLocked {
+			// GitLab is merging it right now: the outcome is about to be known, and
+			// failing the batch first could put it behind a merge. Retry later.
+			return b, fmt.Errorf("settle batch %d: MR !%d is locked (merging): %w", b.ID, m.IID, errStillOpen)
+		}
+		if m.State == mr.StateOpened {
+			if _, err := s.gl.CloseMR(ctx, b.Repo, m.IID); err != nil {
+				return b, err
+			}
+			s.step(ctx, "settle.closed", b.ID)
+		}
+		// Re-read after closing, never trust the close's answer alone: merged wins.
+		m, err = s.gl.GetMR(ctx, b.Repo, m.IID)
+		if err != nil {
+			return b, err
+		}
+		s.step(ctx, "settle.reread", b.ID)
+		switch m.State {
+		case mr.StateMerged:
+			log.Info("merge request merged while being failed: merged wins", "mr_iid", m.IID, "code", code)
+			return s.settleSucceeded(ctx, b, log)
+		case mr.StateClosed:
+		default:
+			return b, fmt.Errorf("settle batch %d: MR !%d is %s: %w", b.ID, m.IID, m.State, errStillOpen)
+		}
+	}
+	nb, err := s.st.BatchSettleFailed(ctx, b.ID, b.Status, b.Version, code, msg)
+	if err != nil {
+		return b, err
+	}
+	s.step(ctx, "settle.settled", b.ID)
+	s.m.settles.WithLabelValues("failed", code).Inc()
+	s.observeBatch(nb, "failed")
+	log.Info("batch failed", "code", code, "message", msg, "operations", nb.Size)
+	return nb, nil
+}
+
+// settleSucceeded settles an active batch as merged, guarded on the version read.
+func (s *Scanner) settleSucceeded(ctx context.Context, b store.Batch, log *slog.Logger) (store.Batch, error) {
+	nb, err := s.st.BatchSettleSucceeded(ctx, b.ID, b.Status, b.Version)
+	if err != nil {
+		return b, err
+	}
+	s.step(ctx, "settle.succeeded", b.ID)
+	s.m.settles.WithLabelValues("succeeded", "").Inc()
+	s.observeBatch(nb, "succeeded")
+	log.Info("batch merged", "operations", nb.Size)
+	return nb, nil
+}
+
+// mergedAfterFailed applies "merged wins" to a FAILED batch whose MR merged anyway (a
+// human merged it, or a merge landed while the batch was being failed): guarded
+// FAILED → SUCCEEDED with its members, and an audit event saying why.
+func (s *Scanner) mergedAfterFailed(ctx context.Context, b store.Batch, m mr.MergeRequest, log *slog.Logger) error {
+	nb, err := s.st.BatchSettleSucceeded(ctx, b.ID, store.BatchFailed, b.Version)
+	if err != nil {
+		return err
+	}
+	s.m.settles.WithLabelValues("succeeded_after_failed", b.ErrorCode).Inc()
+	log.Warn("batch had failed but its merge request merged: settled succeeded (merged wins)",
+		"mr_iid", m.IID, "previous_code", b.ErrorCode)
+	id := b.ID
+	detail := fmt.Sprintf("batch %d was FAILED (%s: %s) but its merge request !%d merged; the database follows the repository",
+		b.ID, b.ErrorCode, b.ErrorMessage, m.IID)
+	if _, err := s.st.EventRecord(ctx, store.Event{
+		DedupeKey: "batch-merged-after-failed:" + strconv.FormatInt(b.ID, 10),
+		BatchID:   &id,
+		Code:      "merged_after_failed",
+		Detail:    truncate(detail, 2048),
+	}); err != nil && !isCanceled(err) {
+		// The state change is what matters; the event is explanation.
+		log.Warn("recording the merged-after-failed event failed", "err", err)
+	}
+	s.observeBatch(nb, "succeeded")
+	return nil
+}
+
+// SettleBatch settles an active batch as failed now (admin API), through the same
+// close-then-reread path as the timeout sweep: if its MR merged, the batch settles
+// SUCCEEDED instead. A FAILED batch whose MR has merged since is moved to SUCCEEDED
+// (merged wins). Other settled batches are returned as they are. store.ErrNotFound
+// when the batch does not exist.
+func (s *Scanner) SettleBatch(ctx context.Context, id int64) (store.Batch, error) {
+	var lastErr error
+	for attempt := range 5 {
+		if attempt > 0 && !sleep(ctx, backoff(50*time.Millisecond, time.Second, attempt), nil) {
+			return store.Batch{}, ctx.Err()
+		}
+		b, err := s.st.BatchGet(ctx, id)
+		if err != nil {
+			return store.Batch{}, err
+		}
+		log := batchLog(s.log.With("loop", "admin"), b)
+		if !b.Status.Active() {
+			if b.Status == store.BatchFailed && b.MRIID != nil {
+				m, err := s.gl.GetMR(ctx, b.Repo, *b.MRIID)
+				if err != nil {
+					return b, err
+				}
+				if m.State == mr.StateMerged {
+					if err := s.mergedAfterFailed(ctx, b, m, log); err != nil && !isLost(err) {
+						return b, err
+					}
+					return s.st.BatchGet(ctx, id)
+				}
+			}
+			return b, nil
+		}
+		// Reserve first, like every loop: it fences the reconcile and timeout loops of
+		// every replica off this batch while we close its MR.
+		rb, err := s.st.BatchReserve(ctx, b.ID, b.Version, s.cfg.SettleLease)
+		if isLost(err) {
+			lastErr = err
+			continue
+		}
+		if err != nil {
+			return b, err
+		}
+		_, err = s.settleFailure(ctx, rb, CodeManualSettle, "settled as failed by an operator", log)
+		if isLost(err) {
+			lastErr = err
+			continue
+		}
+		if err != nil {
+			return rb, err
+		}
+		return s.st.BatchGet(ctx, id)
+	}
+	return store.Batch{}, fmt.Errorf("settle batch %d: kept losing races with other replicas: %w", id, lastErr)
+}
+
+// observeBatch records a settled batch's claim-to-settle duration (DB clock).
+func (s *Scanner) observeBatch(b store.Batch, outcome string) {
+	if b.FinishedAt != nil && !b.CreatedAt.IsZero() {
+		s.m.batchDuration.WithLabelValues(outcome).Observe(b.FinishedAt.Sub(b.CreatedAt).Seconds())
+	}
+}
+
+// truncate cuts s to at most n bytes on a rune boundary (columns are VARCHAR in
+// characters, but staying under n bytes is always safe).
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
