@@ -70,7 +70,7 @@ type Config struct {
 	// for "merged wins" [24h].
 	OrphanLookback   time.Duration
 	WaitingRetention time.Duration // [24h] finished waiting rows older than this are deleted
-	CleanupChunk     int           // [1000] rows per cleanup statement
+	CleanupChunk     int           // [500] rows per cleanup statement (the store caps a chunk at 500)
 	ScanLimit        int           // [200] candidates read per fetch
 	Workers          int           // [4] batches one loop handles concurrently
 
@@ -112,7 +112,7 @@ func (c Config) withDefaults() Config {
 	def(&c.OrphanInterval, 5*time.Minute)
 	def(&c.OrphanLookback, 24*time.Hour)
 	def(&c.WaitingRetention, 24*time.Hour)
-	defInt(&c.CleanupChunk, 1000)
+	defInt(&c.CleanupChunk, 500)
 	defInt(&c.ScanLimit, 200)
 	defInt(&c.Workers, 4)
 	def(&c.StartJitter, 5*time.Second)
