@@ -4,17 +4,14 @@
 // by the batch's deterministic branch name, so a replica that crashed halfway — or a
 // call whose answer was lost after GitLab did the work — is resumed, never duplicated.
 //
-// STATUS: the types and signatures below are the contract the scanner builds against
-// (issue #3); bodies returning errUnimplemented are unfinished work.
+// The types and method signatures in this file are the contract the scanner builds
+// against (issue #3); the implementation lives in client.go, commit.go and errors.go.
 package mr
 
 import (
-	"context"
 	"errors"
 	"time"
 )
-
-var errUnimplemented = errors.New("mr: not implemented yet")
 
 // Label marks every MR batcherd opens; the orphan sweep lists MRs by it.
 const Label = "batcherd"
@@ -116,71 +113,6 @@ func ClassOf(err error) Class {
 		return e.Class
 	}
 	return ClassNone
-}
-
-// Config configures the client.
-type Config struct {
-	BaseURL      string        // e.g. https://gitlab.example.com (the /api/v4 suffix is added)
-	Token        string        // PRIVATE-TOKEN; never logged
-	CallTimeout  time.Duration // per call, default 15s
-	TargetBranch string        // default "main"
-}
-
-// Client implements what the scanner needs from GitLab.
-type Client struct{}
-
-// New builds a client. It does not call GitLab.
-func New(cfg Config) (*Client, error) { return nil, errUnimplemented }
-
-// EnsureBranch creates branch from ref; an existing branch is fine.
-func (c *Client) EnsureBranch(ctx context.Context, project, branch, ref string) error {
-	return errUnimplemented
-}
-
-// CommitFiles makes one commit (chunked only if GitLab limits demand it) with the file
-// actions on branch, carrying "Batcherd-Batch: <batchID>" as a trailer. If the
-// branch's head already carries that trailer the commit was made before (answer lost)
-// and its sha is returned without a new commit.
-func (c *Client) CommitFiles(ctx context.Context, project, branch string, batchID int64, message string, files []FileAction) (sha string, err error) {
-	return "", errUnimplemented
-}
-
-// FindMR looks up the MR for a source branch in any state (newest first); found=false
-// when there is none. A merged or closed MR for the branch is the batch's MR.
-func (c *Client) FindMR(ctx context.Context, project, sourceBranch string) (mr MergeRequest, found bool, err error) {
-	return MergeRequest{}, false, errUnimplemented
-}
-
-// EnsureMR returns the branch's MR, creating it if there is none. A 409 "Another open
-// merge request already exists" means look it up again, never a second MR.
-func (c *Client) EnsureMR(ctx context.Context, project string, spec MRSpec) (MergeRequest, error) {
-	return MergeRequest{}, errUnimplemented
-}
-
-// GetMR reads one MR, with its head pipeline status and failure reason.
-func (c *Client) GetMR(ctx context.Context, project string, iid int64) (MergeRequest, error) {
-	return MergeRequest{}, errUnimplemented
-}
-
-// SetAutoMerge arms "merge when pipeline succeeds", guarded by sha.
-func (c *Client) SetAutoMerge(ctx context.Context, project string, iid int64, sha string) (MergeRequest, error) {
-	return MergeRequest{}, errUnimplemented
-}
-
-// Merge merges now, guarded by sha.
-func (c *Client) Merge(ctx context.Context, project string, iid int64, sha string) (MergeRequest, error) {
-	return MergeRequest{}, errUnimplemented
-}
-
-// CloseMR closes an MR; closing a closed MR is fine; a merged MR stays merged (the
-// returned MergeRequest says which). Callers re-read after closing: merged wins.
-func (c *Client) CloseMR(ctx context.Context, project string, iid int64) (MergeRequest, error) {
-	return MergeRequest{}, errUnimplemented
-}
-
-// ListOpenLabeled lists open MRs carrying label (all pages).
-func (c *Client) ListOpenLabeled(ctx context.Context, project, label string) ([]MergeRequest, error) {
-	return nil, errUnimplemented
 }
 
 // BindingPath is the repository path of a binding's file (DESIGN §5, contract):

@@ -1,0 +1,514 @@
+package mr
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	gitlab "gitlab.com/gitlab-org/api/client-go"
+)
+
+// Config configures the client.
+type Config struct {
+	BaseURL      string        // e.g. https://gitlab.example.com (the /api/v4 suffix is added)
+	Token        string        // PRIVATE-TOKEN; never logged
+	CallTimeout  time.Duration // per call, default 15s
+	TargetBranch string        // default "main"
+
+	// MaxRetries bounds the transport's retries of one call (429, and 5xx/network
+	// errors of reads). Default 3; negative disables retries.
+	MaxRetries int
+	// RetryWaitMin and RetryWaitMax bound the exponential backoff between retries
+	// that GitLab did not time itself. Defaults 100ms and 2s.
+	RetryWaitMin, RetryWaitMax time.Duration
+	// MaxRetryAfter is the longest Retry-After a call waits out by itself; a longer
+	// one (or one beyond the call's budget) is returned as a transient *Error with
+	// RetryAfter set. Default 10s.
+	MaxRetryAfter time.Duration
+	// MaxActionsPerCommit and MaxCommitBytes split a large batch into several
+	// commits, so a single request stays well inside GitLab's request size and
+	// Gitaly's time limits. Defaults 500 actions and 8 MiB of content.
+	MaxActionsPerCommit int
+	MaxCommitBytes      int
+	// HTTPClient replaces the pooled default (its Transport is wrapped, not replaced).
+	HTTPClient *http.Client
+}
+
+// Client implements what the scanner needs from GitLab.
+type Client struct {
+	cfg Config
+	gl  *gitlab.Client
+}
+
+// New builds a client. It does not call GitLab.
+func New(cfg Config) (*Client, error) {
+	if cfg.BaseURL == "" {
+		return nil, errors.New("mr: BaseURL is required")
+	}
+	if cfg.Token == "" {
+		return nil, errors.New("mr: Token is required")
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = 15 * time.Second
+	}
+	if cfg.TargetBranch == "" {
+		cfg.TargetBranch = "main"
+	}
+	if cfg.MaxRetries == 0 {
+		cfg.MaxRetries = 3
+	} else if cfg.MaxRetries < 0 {
+		cfg.MaxRetries = 0
+	}
+	if cfg.RetryWaitMin <= 0 {
+		cfg.RetryWaitMin = 100 * time.Millisecond
+	}
+	if cfg.RetryWaitMax < cfg.RetryWaitMin {
+		cfg.RetryWaitMax = max(2*time.Second, cfg.RetryWaitMin)
+	}
+	if cfg.MaxRetryAfter <= 0 {
+		cfg.MaxRetryAfter = 10 * time.Second
+	}
+	if cfg.MaxActionsPerCommit <= 0 {
+		cfg.MaxActionsPerCommit = 500
+	}
+	if cfg.MaxCommitBytes <= 0 {
+		cfg.MaxCommitBytes = 8 << 20
+	}
+
+	hc := cfg.HTTPClient
+	if hc == nil {
+		hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	} else {
+		cp := *hc
+		hc = &cp
+	}
+	next := hc.Transport
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	hc.Transport = captureTransport{next: next}
+	// The per-call context bounds each call; a client-level timeout would cut a
+	// call that legitimately waits out a Retry-After.
+	hc.Timeout = 0
+
+	c := &Client{cfg: cfg}
+	gl, err := gitlab.NewClient(cfg.Token,
+		gitlab.WithBaseURL(cfg.BaseURL),
+		gitlab.WithHTTPClient(hc),
+		gitlab.WithCustomRetry(c.checkRetry),
+		gitlab.WithCustomBackoff(c.backoff),
+		gitlab.WithCustomRetryMax(cfg.MaxRetries),
+		gitlab.WithCustomRetryWaitMinMax(cfg.RetryWaitMin, cfg.RetryWaitMax),
+		gitlab.WithURLWarningLogger(slog.New(slog.DiscardHandler)),
+	)
+	if err != nil {
+		// client-go's option errors do not contain the token, but be certain.
+		return nil, fmt.Errorf("mr: %s", c.redact(err.Error()))
+	}
+	c.gl = gl
+	return c, nil
+}
+
+// TargetBranch is the configured default target branch.
+func (c *Client) TargetBranch() string { return c.cfg.TargetBranch }
+
+// call runs one client-go call bounded by CallTimeout and classifies its error.
+func (c *Client) call(ctx context.Context, op, method string, f func(opt gitlab.RequestOptionFunc) (*gitlab.Response, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+	defer cancel()
+	ctx = context.WithValue(ctx, captureKey{}, &capture{})
+	ctx = context.WithValue(ctx, methodKey{}, method)
+	resp, err := f(gitlab.WithContext(ctx))
+	return c.classify(ctx, op, resp, err)
+}
+
+// Commits, branches and jobs are decoded into the layer's own small types instead of
+// client-go's: GitLab answers "extended_trailers" as {"Key": ["value", …]} while
+// client-go v1.46 declares map[string]string, so every answer carrying a commit with
+// a trailer — which batcherd's commits always have — fails to decode. The requests
+// still go through client-go (auth, retries, error parsing); only the decoding is ours.
+
+// glCommit is the part of GitLab's commit entity the layer reads.
+type glCommit struct {
+	ID        string            `json:"id"`
+	Message   string            `json:"message"`
+	ParentIDs []string          `json:"parent_ids"`
+	Trailers  map[string]string `json:"trailers"`
+}
+
+// glBranch is the part of GitLab's branch entity the layer reads.
+type glBranch struct {
+	Name   string    `json:"name"`
+	Commit *glCommit `json:"commit"`
+}
+
+// glJob is the part of GitLab's job entity the layer reads.
+type glJob struct {
+	ID            int64  `json:"id"`
+	Status        string `json:"status"`
+	AllowFailure  bool   `json:"allow_failure"`
+	FailureReason string `json:"failure_reason"`
+}
+
+// raw runs one request built by client-go and decodes the answer into out.
+func (c *Client) raw(ctx context.Context, op, method, path string, opt, out any) error {
+	return c.call(ctx, op, method, func(o gitlab.RequestOptionFunc) (*gitlab.Response, error) {
+		req, err := c.gl.NewRequest(method, path, opt, []gitlab.RequestOptionFunc{o})
+		if err != nil {
+			return nil, err
+		}
+		return c.gl.Do(req, out)
+	})
+}
+
+func projectPath(project string, rest ...string) string {
+	p := "projects/" + gitlab.PathEscape(project)
+	for _, r := range rest {
+		p += "/" + r
+	}
+	return p
+}
+
+// EnsureBranch creates branch from ref; an existing branch is fine.
+func (c *Client) EnsureBranch(ctx context.Context, project, branch, ref string) error {
+	if ref == "" {
+		ref = c.cfg.TargetBranch
+	}
+	var created glBranch
+	err := c.raw(ctx, "create_branch", http.MethodPost, projectPath(project, "repository/branches"),
+		&gitlab.CreateBranchOptions{Branch: &branch, Ref: &ref}, &created)
+	if err == nil {
+		return nil
+	}
+	if isStatus(err, http.StatusBadRequest) && messageContains(err, "already exists") {
+		return nil
+	}
+	if ClassOf(err) == ClassTransient {
+		// The answer may have been lost after GitLab created the branch.
+		if _, found, gerr := c.getBranch(ctx, project, branch); gerr == nil && found {
+			return nil
+		}
+	}
+	return err
+}
+
+// getBranch reads a branch; found=false when GitLab says it is not there.
+func (c *Client) getBranch(ctx context.Context, project, branch string) (*glBranch, bool, error) {
+	var b glBranch
+	err := c.raw(ctx, "get_branch", http.MethodGet, projectPath(project, "repository/branches", gitlab.PathEscape(branch)), nil, &b)
+	if ClassOf(err) == ClassNotFound && !messageContains(err, "project") {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	return &b, true, nil
+}
+
+// FindMR looks up the MR for a source branch in any state (newest first); found=false
+// when there is none. A merged or closed MR for the branch is the batch's MR.
+//
+// When several MRs exist for the branch (a human reopened or recreated one), a
+// merged one wins because its content landed, then an open one, then the newest
+// closed one.
+func (c *Client) FindMR(ctx context.Context, project, sourceBranch string) (MergeRequest, bool, error) {
+	all, err := c.listMRs(ctx, "find_mr", project, &gitlab.ListProjectMergeRequestsOptions{
+		State:        gitlab.Ptr("all"),
+		SourceBranch: &sourceBranch,
+		OrderBy:      gitlab.Ptr("created_at"),
+		Sort:         gitlab.Ptr("desc"),
+	})
+	if err != nil {
+		return MergeRequest{}, false, err
+	}
+	var pick *gitlab.BasicMergeRequest
+	rank := func(s string) int {
+		switch s {
+		case StateMerged:
+			return 3
+		case StateOpened, StateLocked:
+			return 2
+		}
+		return 1
+	}
+	for _, m := range all {
+		if m.SourceBranch != sourceBranch {
+			continue // defensive: never adopt another branch's MR
+		}
+		if pick == nil || rank(m.State) > rank(pick.State) {
+			pick = m
+		}
+	}
+	if pick == nil {
+		return MergeRequest{}, false, nil
+	}
+	mr, err := c.GetMR(ctx, project, pick.IID)
+	if err != nil {
+		return MergeRequest{}, false, err
+	}
+	return mr, true, nil
+}
+
+// listMRs reads every page of a merge request listing.
+func (c *Client) listMRs(ctx context.Context, op, project string, opt *gitlab.ListProjectMergeRequestsOptions) ([]*gitlab.BasicMergeRequest, error) {
+	opt.PerPage = 100
+	var out []*gitlab.BasicMergeRequest
+	var next gitlab.RequestOptionFunc
+	for page := 0; ; page++ {
+		if page > 1000 {
+			return nil, &Error{Op: op, Class: ClassPermanent, Message: "more than 1000 pages of merge requests"}
+		}
+		var resp *gitlab.Response
+		err := c.call(ctx, op, http.MethodGet, func(o gitlab.RequestOptionFunc) (*gitlab.Response, error) {
+			var mrs []*gitlab.BasicMergeRequest
+			var err error
+			mrs, resp, err = c.gl.MergeRequests.ListProjectMergeRequests(project, opt, o, next)
+			out = append(out, mrs...)
+			return resp, err
+		})
+		if err != nil {
+			return nil, err
+		}
+		n, ok := gitlab.WithNext(resp)
+		if !ok {
+			return out, nil
+		}
+		next = n
+	}
+}
+
+// EnsureMR returns the branch's MR, creating it if there is none. A 409 "Another open
+// merge request already exists" means look it up again, never a second MR.
+func (c *Client) EnsureMR(ctx context.Context, project string, spec MRSpec) (MergeRequest, error) {
+	if mr, found, err := c.FindMR(ctx, project, spec.SourceBranch); err != nil || found {
+		return mr, err
+	}
+	target := spec.TargetBranch
+	if target == "" {
+		target = c.cfg.TargetBranch
+	}
+	labels := gitlab.LabelOptions(withLabel(spec.Labels))
+	var created *gitlab.MergeRequest
+	err := c.call(ctx, "create_mr", http.MethodPost, func(o gitlab.RequestOptionFunc) (*gitlab.Response, error) {
+		var resp *gitlab.Response
+		var err error
+		created, resp, err = c.gl.MergeRequests.CreateMergeRequest(project, &gitlab.CreateMergeRequestOptions{
+			Title:        &spec.Title,
+			Description:  &spec.Description,
+			SourceBranch: &spec.SourceBranch,
+			TargetBranch: &target,
+			Labels:       &labels,
+		}, o)
+		return resp, err
+	})
+	if err == nil {
+		return c.withFailureReason(ctx, project, convertMR(created)), nil
+	}
+	if isStatus(err, http.StatusConflict) || ClassOf(err) == ClassTransient {
+		// 409: another replica (or our own lost answer) created it. Transient: the
+		// answer may have been lost after GitLab created it. Either way, read again.
+		if mr, found, ferr := c.FindMR(ctx, project, spec.SourceBranch); ferr == nil && found {
+			return mr, nil
+		}
+	}
+	return MergeRequest{}, err
+}
+
+func withLabel(labels []string) []string {
+	out := make([]string, 0, len(labels)+1)
+	out = append(out, Label)
+	for _, l := range labels {
+		l = strings.TrimSpace(l)
+		if l != "" && !slices.Contains(out, l) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// GetMR reads one MR, with its head pipeline status and failure reason.
+func (c *Client) GetMR(ctx context.Context, project string, iid int64) (MergeRequest, error) {
+	var m *gitlab.MergeRequest
+	err := c.call(ctx, "get_mr", http.MethodGet, func(o gitlab.RequestOptionFunc) (*gitlab.Response, error) {
+		var resp *gitlab.Response
+		var err error
+		m, resp, err = c.gl.MergeRequests.GetMergeRequest(project, iid, nil, o)
+		return resp, err
+	})
+	if err != nil {
+		return MergeRequest{}, err
+	}
+	return c.withFailureReason(ctx, project, convertMR(m)), nil
+}
+
+// withFailureReason fills FailureReason of an MR whose head pipeline failed. The
+// reason is best effort: "" means unknown, and the MR read itself stands.
+func (c *Client) withFailureReason(ctx context.Context, project string, mr MergeRequest) MergeRequest {
+	if mr.PipelineStatus == "failed" && mr.PipelineID != 0 {
+		mr.FailureReason, _ = c.firstFailureReason(ctx, project, mr.PipelineID)
+	}
+	return mr
+}
+
+// firstFailureReason returns the failure_reason of the earliest failed job of a
+// pipeline.
+func (c *Client) firstFailureReason(ctx context.Context, project string, pipelineID int64) (string, error) {
+	var jobs []glJob
+	scope := []gitlab.BuildStateValue{gitlab.Failed}
+	err := c.raw(ctx, "list_failed_jobs", http.MethodGet, projectPath(project, "pipelines", strconv.FormatInt(pipelineID, 10), "jobs"),
+		&gitlab.ListJobsOptions{ListOptions: gitlab.ListOptions{PerPage: 100}, Scope: &scope}, &jobs)
+	if err != nil {
+		return "", err
+	}
+	var first *glJob
+	for i := range jobs {
+		j := &jobs[i]
+		if j.Status != "failed" || j.AllowFailure {
+			continue
+		}
+		if first == nil || j.ID < first.ID {
+			first = j
+		}
+	}
+	if first == nil {
+		return "", nil
+	}
+	return first.FailureReason, nil
+}
+
+// SetAutoMerge arms "merge when pipeline succeeds", guarded by sha. If the pipeline
+// already succeeded GitLab merges at once, and the returned MR says merged.
+func (c *Client) SetAutoMerge(ctx context.Context, project string, iid int64, sha string) (MergeRequest, error) {
+	mr, err := c.acceptMR(ctx, "set_auto_merge", project, iid, &gitlab.AcceptMergeRequestOptions{
+		AutoMerge: gitlab.Ptr(true),
+		// Older GitLab versions know only the deprecated name; newer ones accept both.
+		MergeWhenPipelineSucceeds: gitlab.Ptr(true),
+		SHA:                       &sha,
+	})
+	if err == nil {
+		return mr, nil
+	}
+	if retryable := ClassOf(err) == ClassTransient || isStatus(err, http.StatusMethodNotAllowed) || isStatus(err, http.StatusUnprocessableEntity); retryable {
+		// A lost answer to an earlier call, or a merge that already happened, shows
+		// in the MR itself.
+		if cur, gerr := c.GetMR(ctx, project, iid); gerr == nil {
+			if cur.State == StateMerged || (cur.State == StateOpened && cur.MergeWhenPipelineSucceeds && cur.SHA == sha) {
+				return cur, nil
+			}
+		}
+	}
+	return MergeRequest{}, err
+}
+
+// Merge merges now, guarded by sha.
+func (c *Client) Merge(ctx context.Context, project string, iid int64, sha string) (MergeRequest, error) {
+	mr, err := c.acceptMR(ctx, "merge", project, iid, &gitlab.AcceptMergeRequestOptions{SHA: &sha})
+	if err == nil {
+		return mr, nil
+	}
+	if retryable := ClassOf(err) == ClassTransient || isStatus(err, http.StatusMethodNotAllowed) || isStatus(err, http.StatusUnprocessableEntity); retryable {
+		if cur, gerr := c.GetMR(ctx, project, iid); gerr == nil && cur.State == StateMerged {
+			return cur, nil
+		}
+	}
+	return MergeRequest{}, err
+}
+
+func (c *Client) acceptMR(ctx context.Context, op, project string, iid int64, opt *gitlab.AcceptMergeRequestOptions) (MergeRequest, error) {
+	var m *gitlab.MergeRequest
+	err := c.call(ctx, op, http.MethodPut, func(o gitlab.RequestOptionFunc) (*gitlab.Response, error) {
+		var resp *gitlab.Response
+		var err error
+		m, resp, err = c.gl.MergeRequests.AcceptMergeRequest(project, iid, opt, o)
+		return resp, err
+	})
+	if err != nil {
+		return MergeRequest{}, err
+	}
+	return c.withFailureReason(ctx, project, convertMR(m)), nil
+}
+
+// CloseMR closes an MR; closing a closed MR is fine; a merged MR stays merged (the
+// returned MergeRequest says which). Callers re-read after closing: merged wins.
+func (c *Client) CloseMR(ctx context.Context, project string, iid int64) (MergeRequest, error) {
+	var m *gitlab.MergeRequest
+	err := c.call(ctx, "close_mr", http.MethodPut, func(o gitlab.RequestOptionFunc) (*gitlab.Response, error) {
+		var resp *gitlab.Response
+		var err error
+		m, resp, err = c.gl.MergeRequests.UpdateMergeRequest(project, iid, &gitlab.UpdateMergeRequestOptions{
+			StateEvent: gitlab.Ptr("close"),
+		}, o)
+		return resp, err
+	})
+	if err == nil {
+		return c.withFailureReason(ctx, project, convertMR(m)), nil
+	}
+	if ClassOf(err) == ClassTransient || ClassOf(err) == ClassPermanent {
+		// Either the answer was lost, or GitLab refused a transition (merged, locked):
+		// the MR's current state is the answer the caller needs.
+		if cur, gerr := c.GetMR(ctx, project, iid); gerr == nil && (cur.State == StateClosed || cur.State == StateMerged) {
+			return cur, nil
+		}
+	}
+	return MergeRequest{}, err
+}
+
+// ListOpenLabeled lists open MRs carrying label (all pages).
+func (c *Client) ListOpenLabeled(ctx context.Context, project, label string) ([]MergeRequest, error) {
+	labels := gitlab.LabelOptions{label}
+	all, err := c.listMRs(ctx, "list_open_labeled", project, &gitlab.ListProjectMergeRequestsOptions{
+		State:   gitlab.Ptr(StateOpened),
+		Labels:  &labels,
+		OrderBy: gitlab.Ptr("created_at"),
+		Sort:    gitlab.Ptr("asc"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]MergeRequest, 0, len(all))
+	for _, m := range all {
+		out = append(out, convertBasic(m))
+	}
+	return out, nil
+}
+
+func convertBasic(m *gitlab.BasicMergeRequest) MergeRequest {
+	if m == nil {
+		return MergeRequest{}
+	}
+	return MergeRequest{
+		IID:                       m.IID,
+		State:                     m.State,
+		DetailedMergeStatus:       m.DetailedMergeStatus,
+		HasConflicts:              m.HasConflicts,
+		SHA:                       m.SHA,
+		WebURL:                    m.WebURL,
+		SourceBranch:              m.SourceBranch,
+		TargetBranch:              m.TargetBranch,
+		Labels:                    slices.Clone([]string(m.Labels)),
+		MergeWhenPipelineSucceeds: m.MergeWhenPipelineSucceeds,
+		MergedAt:                  m.MergedAt,
+		ClosedAt:                  m.ClosedAt,
+	}
+}
+
+func convertMR(m *gitlab.MergeRequest) MergeRequest {
+	if m == nil {
+		return MergeRequest{}
+	}
+	mr := convertBasic(&m.BasicMergeRequest)
+	if m.HeadPipeline != nil {
+		mr.PipelineStatus = m.HeadPipeline.Status
+		mr.PipelineID = m.HeadPipeline.ID
+	} else if m.Pipeline != nil && m.Pipeline.SHA == m.SHA {
+		mr.PipelineStatus = m.Pipeline.Status
+		mr.PipelineID = m.Pipeline.ID
+	}
+	return mr
+}

@@ -1,0 +1,334 @@
+package mr
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+
+	gitlab "gitlab.com/gitlab-org/api/client-go"
+)
+
+// ChunkTrailer is the git trailer that numbers the commits of a batch split into
+// several ("Batcherd-Chunk: 2/3"). It is absent when the batch fits one commit.
+const ChunkTrailer = "Batcherd-Chunk"
+
+// maxDirListings is how many directories CommitFiles lists one by one before it lists
+// their common ancestor recursively instead.
+const maxDirListings = 8
+
+// CommitFiles makes one commit (chunked only if GitLab limits demand it) with the file
+// actions on branch, carrying "Batcherd-Batch: <batchID>" as a trailer. If the
+// branch's head already carries that trailer the commit was made before (answer lost)
+// and its sha is returned without a new commit.
+//
+// Create vs update is decided from one tree listing of the branch, and a delete of a
+// file the branch does not have is dropped (the revoke's goal is already true). When
+// every action is dropped no commit is made and the branch head is returned.
+//
+// A batch larger than MaxActionsPerCommit / MaxCommitBytes becomes several commits,
+// each carrying the batch trailer and "Batcherd-Chunk: k/n"; the split depends only on
+// the input, so a call interrupted after chunk k resumes at chunk k+1.
+func (c *Client) CommitFiles(ctx context.Context, project, branch string, batchID int64, message string, files []FileAction) (string, error) {
+	plan := c.planChunks(files)
+	head, found, err := c.getBranch(ctx, project, branch)
+	if err != nil {
+		return "", err
+	}
+	if !found || head.Commit == nil {
+		return "", &Error{Op: "commit_files", Class: ClassNotFound, Status: http.StatusNotFound, Message: "404 Branch Not Found"}
+	}
+	start := 0
+	if id, k, n, ok := batchTrailers(head.Commit); ok && id == batchID {
+		switch {
+		case n <= 1 || k >= n:
+			return head.Commit.ID, nil
+		case n == len(plan):
+			start = k
+		default:
+			// The split changed between attempts (configuration changed): redo every
+			// chunk. Tree-based create/update and dropped deletes make that safe.
+			start = 0
+		}
+	}
+	sha := head.Commit.ID
+	if start >= len(plan) {
+		return sha, nil
+	}
+	var pending []string
+	for _, ch := range plan[start:] {
+		for _, f := range ch {
+			pending = append(pending, f.Path)
+		}
+	}
+	existing, err := c.listExisting(ctx, project, branch, pending)
+	if err != nil {
+		return "", err
+	}
+	for i := start; i < len(plan); i++ {
+		sha, err = c.commitChunk(ctx, project, branch, batchID, message, plan, i, existing, sha)
+		if err != nil {
+			return "", err
+		}
+	}
+	return sha, nil
+}
+
+// planChunks sorts and de-duplicates the actions (the last action on a path wins, as
+// two actions on one path would make GitLab refuse the commit) and splits them.
+func (c *Client) planChunks(files []FileAction) [][]FileAction {
+	last := make(map[string]int, len(files))
+	for i, f := range files {
+		last[f.Path] = i
+	}
+	uniq := make([]FileAction, 0, len(last))
+	for i, f := range files {
+		if last[f.Path] == i {
+			uniq = append(uniq, f)
+		}
+	}
+	slices.SortFunc(uniq, func(a, b FileAction) int { return strings.Compare(a.Path, b.Path) })
+	var plan [][]FileAction
+	var cur []FileAction
+	bytes := 0
+	for _, f := range uniq {
+		size := len(f.Path) + 64
+		if !f.Delete {
+			size += len(f.Content)
+		}
+		if len(cur) > 0 && (len(cur) >= c.cfg.MaxActionsPerCommit || bytes+size > c.cfg.MaxCommitBytes) {
+			plan = append(plan, cur)
+			cur, bytes = nil, 0
+		}
+		cur = append(cur, f)
+		bytes += size
+	}
+	if len(cur) > 0 || len(plan) == 0 {
+		plan = append(plan, cur)
+	}
+	return plan
+}
+
+// commitChunk commits chunk i of plan and returns the new head sha.
+func (c *Client) commitChunk(ctx context.Context, project, branch string, batchID int64, message string, plan [][]FileAction, i int, existing map[string]bool, head string) (string, error) {
+	msg := commitMessage(message, batchID, i+1, len(plan))
+	for attempt := 0; ; attempt++ {
+		actions := buildActions(plan[i], existing)
+		if len(actions) == 0 {
+			return head, nil
+		}
+		var commit glCommit
+		err := c.raw(ctx, "create_commit", http.MethodPost, projectPath(project, "repository/commits"), &gitlab.CreateCommitOptions{
+			Branch:        &branch,
+			CommitMessage: &msg,
+			Actions:       actions,
+		}, &commit)
+		if err == nil {
+			applyExisting(plan[i], existing)
+			return commit.ID, nil
+		}
+		if ClassOf(err) == ClassTransient {
+			// GitLab may have made the commit and lost the answer: the branch head
+			// then carries this chunk's trailers.
+			if b, found, gerr := c.getBranch(ctx, project, branch); gerr == nil && found && b.Commit != nil {
+				if id, k, n, ok := batchTrailers(b.Commit); ok && id == batchID && (k == i+1 || (n <= 1 && len(plan) == 1)) {
+					applyExisting(plan[i], existing)
+					return b.Commit.ID, nil
+				}
+			}
+			return "", err
+		}
+		staleTree := isStatus(err, http.StatusBadRequest) &&
+			(messageContains(err, "already exists") || messageContains(err, "doesn't exist") || messageContains(err, "does not exist"))
+		if !staleTree || attempt > 0 {
+			return "", err
+		}
+		// Our listing disagreed with the branch (a lagging replica of the tree, or a
+		// human pushed to the batch branch): list once more and retry.
+		paths := make([]string, 0, len(plan[i]))
+		for _, f := range plan[i] {
+			paths = append(paths, f.Path)
+		}
+		fresh, lerr := c.listExisting(ctx, project, branch, paths)
+		if lerr != nil {
+			return "", lerr
+		}
+		for _, p := range paths {
+			existing[p] = fresh[p]
+		}
+	}
+}
+
+func buildActions(files []FileAction, existing map[string]bool) []*gitlab.CommitActionOptions {
+	out := make([]*gitlab.CommitActionOptions, 0, len(files))
+	for _, f := range files {
+		p := f.Path
+		switch {
+		case f.Delete && !existing[p]:
+			continue
+		case f.Delete:
+			out = append(out, &gitlab.CommitActionOptions{Action: gitlab.Ptr(gitlab.FileDelete), FilePath: gitlab.Ptr(p)})
+		case existing[p]:
+			out = append(out, &gitlab.CommitActionOptions{Action: gitlab.Ptr(gitlab.FileUpdate), FilePath: gitlab.Ptr(p), Content: gitlab.Ptr(f.Content)})
+		default:
+			out = append(out, &gitlab.CommitActionOptions{Action: gitlab.Ptr(gitlab.FileCreate), FilePath: gitlab.Ptr(p), Content: gitlab.Ptr(f.Content)})
+		}
+	}
+	return out
+}
+
+func applyExisting(files []FileAction, existing map[string]bool) {
+	for _, f := range files {
+		existing[f.Path] = !f.Delete
+	}
+}
+
+// commitMessage appends the trailers as the message's last paragraph.
+func commitMessage(message string, batchID int64, chunk, chunks int) string {
+	var b strings.Builder
+	b.WriteString(strings.TrimRight(message, " \t\r\n"))
+	b.WriteString("\n\n")
+	fmt.Fprintf(&b, "%s: %d", CommitTrailer, batchID)
+	if chunks > 1 {
+		fmt.Fprintf(&b, "\n%s: %d/%d", ChunkTrailer, chunk, chunks)
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
+// batchTrailers reads the batch id and chunk k/n (0/0 when absent) of a commit, from
+// the message itself (GitLab's parsed trailers field is absent on old versions).
+func batchTrailers(c *glCommit) (id int64, k, n int, ok bool) {
+	if c == nil {
+		return 0, 0, 0, false
+	}
+	for line := range strings.SplitSeq(c.Message, "\n") {
+		key, val, found := strings.Cut(strings.TrimSpace(line), ":")
+		if !found {
+			continue
+		}
+		val = strings.TrimSpace(val)
+		switch key {
+		case CommitTrailer:
+			if v, err := strconv.ParseInt(val, 10, 64); err == nil {
+				id, ok = v, true
+			}
+		case ChunkTrailer:
+			a, b, _ := strings.Cut(val, "/")
+			k, _ = strconv.Atoi(a)
+			n, _ = strconv.Atoi(b)
+		}
+	}
+	if !ok {
+		if v, found := c.Trailers[CommitTrailer]; found {
+			if x, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+				id, ok = x, true
+			}
+		}
+	}
+	return id, k, n, ok
+}
+
+// listExisting reports which of paths exist as files on ref, from as few tree
+// listings as possible: each parent directory when there are few, else their common
+// ancestor, recursively.
+func (c *Client) listExisting(ctx context.Context, project, ref string, paths []string) (map[string]bool, error) {
+	dirs := map[string]bool{}
+	for _, p := range paths {
+		dirs[path.Dir(p)] = true
+	}
+	existing := make(map[string]bool, len(paths))
+	want := make(map[string]bool, len(paths))
+	for _, p := range paths {
+		want[p] = true
+	}
+	collect := func(dir string, recursive bool) error {
+		nodes, err := c.listTree(ctx, project, ref, dir, recursive)
+		if err != nil {
+			return err
+		}
+		for _, n := range nodes {
+			if n.Type == "blob" && want[n.Path] {
+				existing[n.Path] = true
+			}
+		}
+		return nil
+	}
+	if len(dirs) <= maxDirListings {
+		for _, d := range slices.Sorted(func(yield func(string) bool) {
+			for d := range dirs {
+				if !yield(d) {
+					return
+				}
+			}
+		}) {
+			if err := collect(d, false); err != nil {
+				return nil, err
+			}
+		}
+		return existing, nil
+	}
+	if err := collect(commonDir(paths), true); err != nil {
+		return nil, err
+	}
+	return existing, nil
+}
+
+// commonDir is the deepest directory containing every path ("." for the root).
+func commonDir(paths []string) string {
+	if len(paths) == 0 {
+		return "."
+	}
+	parts := strings.Split(path.Dir(paths[0]), "/")
+	for _, p := range paths[1:] {
+		other := strings.Split(path.Dir(p), "/")
+		n := 0
+		for n < len(parts) && n < len(other) && parts[n] == other[n] {
+			n++
+		}
+		parts = parts[:n]
+	}
+	if len(parts) == 0 {
+		return "."
+	}
+	return strings.Join(parts, "/")
+}
+
+// listTree lists a directory of ref (all pages, keyset pagination as GitLab
+// recommends for trees). A directory that does not exist lists as empty.
+func (c *Client) listTree(ctx context.Context, project, ref, dir string, recursive bool) ([]*gitlab.TreeNode, error) {
+	opt := &gitlab.ListTreeOptions{
+		ListOptions: gitlab.ListOptions{Pagination: "keyset", PerPage: 100},
+		Ref:         &ref,
+		Recursive:   &recursive,
+	}
+	if dir != "." && dir != "" {
+		opt.Path = &dir
+	}
+	var out []*gitlab.TreeNode
+	var next gitlab.RequestOptionFunc
+	for {
+		var resp *gitlab.Response
+		err := c.call(ctx, "list_tree", http.MethodGet, func(o gitlab.RequestOptionFunc) (*gitlab.Response, error) {
+			var nodes []*gitlab.TreeNode
+			var err error
+			nodes, resp, err = c.gl.Repositories.ListTree(project, opt, o, next)
+			out = append(out, nodes...)
+			return resp, err
+		})
+		if ClassOf(err) == ClassNotFound && !messageContains(err, "project") {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		n, ok := gitlab.WithNext(resp)
+		if !ok {
+			return out, nil
+		}
+		next = n
+	}
+}

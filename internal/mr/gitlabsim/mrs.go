@@ -1,0 +1,221 @@
+package gitlabsim
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// mrSHA is the MR's head sha: the source branch head while open, frozen once merged
+// or closed (GitLab keeps the diff it merged/closed with).
+func (s *Sim) mrSHA(p *project, m *mergeRequest) string {
+	if m.state == "opened" || m.state == "locked" {
+		if sha, ok := p.branches[m.source]; ok {
+			return sha
+		}
+	}
+	return m.frozenSHA
+}
+
+// headPipeline is the latest pipeline for the MR's source branch at its head sha.
+func (s *Sim) headPipeline(p *project, m *mergeRequest) *pipeline {
+	sha := s.mrSHA(p, m)
+	for i := len(p.pipelines) - 1; i >= 0; i-- {
+		pl := p.pipelines[i]
+		if pl.ref == m.source && pl.sha == sha {
+			return pl
+		}
+	}
+	return nil
+}
+
+// conflicts reports whether the open MR cannot merge cleanly.
+func (s *Sim) conflicts(p *project, m *mergeRequest) bool {
+	if m.state != "opened" {
+		return false
+	}
+	src, ok := p.branches[m.source]
+	if !ok {
+		return false
+	}
+	_, conf, _ := s.mergeResult(p.branches[m.target], src)
+	return len(conf) > 0
+}
+
+// detailedMergeStatus follows GitLab's values for the cases the simulator models.
+// The project requires a successful pipeline before merge.
+func (s *Sim) detailedMergeStatus(p *project, m *mergeRequest) string {
+	if m.state != "opened" {
+		return "not_open"
+	}
+	if _, ok := p.branches[m.source]; !ok {
+		return "broken_status"
+	}
+	if s.conflicts(p, m) {
+		return "conflict"
+	}
+	if pl := s.headPipeline(p, m); pl != nil {
+		switch pl.status {
+		case "created", "pending", "running", "preparing", "waiting_for_resource":
+			return "ci_still_running"
+		case "failed", "canceled":
+			return "ci_must_pass"
+		}
+	}
+	return "mergeable"
+}
+
+// mergeable is GitLab's merge_request.mergeable? for the modelled checks.
+func (s *Sim) mergeable(p *project, m *mergeRequest) bool {
+	return s.detailedMergeStatus(p, m) == "mergeable"
+}
+
+var errConflict = errors.New("gitlabsim: merge conflict")
+
+// doMerge merges the MR into its target: the MR's changes since the merge base are
+// applied to the target's tree in a merge commit. sha, when set, must be the head.
+func (s *Sim) doMerge(p *project, m *mergeRequest, sha string, human bool) error {
+	src, ok := p.branches[m.source]
+	if !ok {
+		return errors.New("gitlabsim: source branch is gone")
+	}
+	if sha != "" && sha != src {
+		return errors.New("gitlabsim: sha does not match the source head")
+	}
+	tgt := p.branches[m.target]
+	merged, conf, _ := s.mergeResult(tgt, src)
+	if len(conf) > 0 {
+		return fmt.Errorf("%w: %s", errConflict, strings.Join(conf, ", "))
+	}
+	msg := fmt.Sprintf("Merge branch '%s' into '%s'\n\n%s\n\nSee merge request %s!%d", m.source, m.target, m.title, p.path, m.iid)
+	c := s.newCommit([]string{tgt, src}, msg, merged)
+	p.branches[m.target] = c.sha
+	now := s.now()
+	m.state = "merged"
+	m.mergedAt = &now
+	m.updatedAt = now
+	m.mergeCommit = c.sha
+	m.frozenSHA = src
+	m.autoMerge = false
+	m.mergedByHuman = human
+	if m.removeSource {
+		delete(p.branches, m.source)
+	}
+	return nil
+}
+
+func (s *Sim) closeMR(p *project, m *mergeRequest) {
+	if m.state != "opened" && m.state != "locked" {
+		return
+	}
+	now := s.now()
+	m.frozenSHA = s.mrSHA(p, m)
+	m.state = "closed"
+	m.closedAt = &now
+	m.updatedAt = now
+	m.autoMerge = false
+}
+
+// createPipeline starts the pipeline for a commit pushed to ref. Its outcome is
+// decided now (poison rules, random failure rate) and applied when it finishes.
+func (s *Sim) createPipeline(p *project, ref, sha string) *pipeline {
+	s.nextPipeID++
+	s.nextJobID++
+	now := s.now()
+	pl := &pipeline{
+		id: s.nextPipeID, iid: int64(len(p.pipelines) + 1), projectID: p.id,
+		sha: sha, ref: ref, status: "running", createdAt: now, startedAt: &now, updatedAt: now,
+		planned: "success",
+	}
+	pl.jobs = []*job{{id: s.nextJobID, name: "test", stage: "test", status: "running", createdAt: now, startedAt: &now}}
+	if reason, bad := s.poisoned(p, sha); bad {
+		pl.planned, pl.plannedReason = "failed", reason
+	} else if s.opts.FailureRate > 0 && s.rng.Float64() < s.opts.FailureRate {
+		pl.planned, pl.plannedReason = "failed", s.opts.FailureReason
+	}
+	p.pipelines = append(p.pipelines, pl)
+	switch {
+	case s.opts.ManualPipelines:
+	case s.opts.PipelineDuration <= 0:
+		s.finishPipeline(p, pl, pl.planned, pl.plannedReason)
+	default:
+		var t *time.Timer
+		t = time.AfterFunc(s.opts.PipelineDuration, func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			delete(s.timers, t)
+			if s.closed {
+				return
+			}
+			s.finishPipeline(p, pl, pl.planned, pl.plannedReason)
+		})
+		s.timers[t] = true
+	}
+	return pl
+}
+
+// poisoned checks the commit's changes relative to the default branch against the
+// project's poison rules.
+func (s *Sim) poisoned(p *project, sha string) (string, bool) {
+	if len(p.poison) == 0 {
+		return "", false
+	}
+	c := s.commits[sha]
+	base := s.commits[p.branches[p.defaultBranch]]
+	if c == nil || base == nil {
+		return "", false
+	}
+	changes := diffFiles(base.files, c.files)
+	for _, r := range p.poison {
+		inPath, inContent := r.InPath, r.InContent
+		if !inPath && !inContent {
+			inPath, inContent = true, true
+		}
+		for path, ch := range changes {
+			if (inPath && strings.Contains(path, r.Substring)) || (inContent && !ch.del && strings.Contains(ch.content, r.Substring)) {
+				return r.FailureReason, true
+			}
+		}
+	}
+	return "", false
+}
+
+// finishPipeline sets a pipeline's final status and lets armed MRs merge.
+func (s *Sim) finishPipeline(p *project, pl *pipeline, status, reason string) {
+	now := s.now()
+	pl.status = status
+	pl.finishedAt = &now
+	pl.updatedAt = now
+	pl.failureReason = ""
+	for _, j := range pl.jobs {
+		j.status = status
+		j.finishedAt = &now
+		j.failureReason = ""
+		if status == "failed" {
+			j.failureReason = reason
+		}
+	}
+	if status != "success" {
+		return
+	}
+	for _, m := range p.mrs {
+		if !m.autoMerge || m.state != "opened" || m.source != pl.ref {
+			continue
+		}
+		head := s.mrSHA(p, m)
+		if head != pl.sha {
+			continue
+		}
+		if m.autoMergeSHA != "" && m.autoMergeSHA != head {
+			// GitLab aborts auto-merge when the source moved after it was armed.
+			m.autoMerge = false
+			m.mergeError = "Merge request was not merged: the source branch changed after auto-merge was set"
+			continue
+		}
+		if err := s.doMerge(p, m, head, false); err != nil {
+			m.autoMerge = false
+			m.mergeError = "Merge request is not mergeable"
+		}
+	}
+}
