@@ -200,11 +200,7 @@ func fileActions(members []store.Operation) ([]mr.FileAction, error) {
 		op := byPath[p]
 		switch op.Action {
 		case store.ActionGrant:
-			content, err := bindingYAML(op)
-			if err != nil {
-				return nil, fmt.Errorf("binding file for %s: %w", op.OperationID, err)
-			}
-			out = append(out, mr.FileAction{Path: p, Content: content})
+			out = append(out, mr.FileAction{Path: p, Content: mr.BindingYAML(op.Subject, op.Target, op.OperationID, op.ExpiresAt)})
 		case store.ActionRevoke:
 			out = append(out, mr.FileAction{Path: p, Delete: true})
 		default:
