@@ -18,7 +18,7 @@ import (
 type Config struct {
 	BaseURL      string        // e.g. https://gitlab.example.com (the /api/v4 suffix is added)
 	Token        string        // PRIVATE-TOKEN; never logged
-	CallTimeout  time.Duration // per call, default 15s
+	CallTimeout  time.Duration // per call, default 15s: bounds each API request with its retries; a method making several requests bounds each, and the caller's ctx bounds the method
 	TargetBranch string        // default "main"
 
 	// MaxRetries bounds the transport's retries of one call (429, and 5xx/network

@@ -650,3 +650,28 @@ func TestRateLimitWaitedOut(t *testing.T) {
 		t.Fatalf("RetryAfter %v after %d calls", e.RetryAfter, sim.CallCount(""))
 	}
 }
+
+func TestBindingYAMLWithAttributes(t *testing.T) {
+	exp := time.Date(2031, 5, 6, 7, 8, 9, 0, time.FixedZone("x", 3600))
+	out, err := mr.BindingYAMLWithAttributes("s", "t", "op", &exp, map[string]any{"ticket": "ABC-1", "n": 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Subject    string         `yaml:"subject"`
+		ExpiresAt  string         `yaml:"expires_at"`
+		Attributes map[string]any `yaml:"attributes"`
+	}
+	if err := yaml.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Subject != "s" || doc.ExpiresAt != "2031-05-06T06:08:09Z" || doc.Attributes["ticket"] != "ABC-1" {
+		t.Fatalf("%+v\n%s", doc, out)
+	}
+	if plain, _ := mr.BindingYAMLWithAttributes("s", "t", "op", nil, nil); plain != mr.BindingYAML("s", "t", "op", nil) {
+		t.Fatalf("without attributes the two renderings differ:\n%s", plain)
+	}
+	if _, err := mr.BindingYAMLWithAttributes("s", "t", "op", nil, map[string]any{"f": func() {}}); err == nil {
+		t.Fatal("an unrepresentable attribute did not fail")
+	}
+}
