@@ -128,11 +128,13 @@ func (c *Client) call(ctx context.Context, op, method string, f func(opt gitlab.
 	return c.classify(ctx, op, resp, err)
 }
 
-// Commits, branches and jobs are decoded into the layer's own small types instead of
-// client-go's: GitLab answers "extended_trailers" as {"Key": ["value", …]} while
-// client-go v1.46 declares map[string]string, so every answer carrying a commit with
-// a trailer — which batcherd's commits always have — fails to decode. The requests
-// still go through client-go (auth, retries, error parsing); only the decoding is ours.
+// Answers are decoded into the layer's own small types instead of client-go's:
+// GitLab answers "extended_trailers" as {"Key": ["value", …]} while client-go v1.46
+// declares map[string]string, so every answer carrying a commit with a trailer —
+// which batcherd's commits always have — fails to decode; and GitLab's documented
+// examples show float durations where client-go expects integers. The requests still
+// go through client-go (URL building, auth, retries, error parsing); only the
+// decoding is ours, limited to the fields the layer reads.
 
 // glCommit is the part of GitLab's commit entity the layer reads.
 type glCommit struct {
@@ -158,13 +160,23 @@ type glJob struct {
 
 // raw runs one request built by client-go and decodes the answer into out.
 func (c *Client) raw(ctx context.Context, op, method, path string, opt, out any) error {
-	return c.call(ctx, op, method, func(o gitlab.RequestOptionFunc) (*gitlab.Response, error) {
-		req, err := c.gl.NewRequest(method, path, opt, []gitlab.RequestOptionFunc{o})
+	_, err := c.rawResp(ctx, op, method, path, opt, out, nil)
+	return err
+}
+
+// rawResp is raw returning the response (for pagination), with an extra request
+// option (the next page).
+func (c *Client) rawResp(ctx context.Context, op, method, path string, opt, out any, extra gitlab.RequestOptionFunc) (*gitlab.Response, error) {
+	var resp *gitlab.Response
+	err := c.call(ctx, op, method, func(o gitlab.RequestOptionFunc) (*gitlab.Response, error) {
+		req, err := c.gl.NewRequest(method, path, opt, []gitlab.RequestOptionFunc{o, extra})
 		if err != nil {
 			return nil, err
 		}
-		return c.gl.Do(req, out)
+		resp, err = c.gl.Do(req, out)
+		return resp, err
 	})
+	return resp, err
 }
 
 func projectPath(project string, rest ...string) string {
@@ -227,7 +239,7 @@ func (c *Client) FindMR(ctx context.Context, project, sourceBranch string) (Merg
 	if err != nil {
 		return MergeRequest{}, false, err
 	}
-	var pick *gitlab.BasicMergeRequest
+	var pick *glMR
 	rank := func(s string) int {
 		switch s {
 		case StateMerged:
@@ -237,7 +249,8 @@ func (c *Client) FindMR(ctx context.Context, project, sourceBranch string) (Merg
 		}
 		return 1
 	}
-	for _, m := range all {
+	for i := range all {
+		m := &all[i]
 		if m.SourceBranch != sourceBranch {
 			continue // defensive: never adopt another branch's MR
 		}
@@ -256,25 +269,20 @@ func (c *Client) FindMR(ctx context.Context, project, sourceBranch string) (Merg
 }
 
 // listMRs reads every page of a merge request listing.
-func (c *Client) listMRs(ctx context.Context, op, project string, opt *gitlab.ListProjectMergeRequestsOptions) ([]*gitlab.BasicMergeRequest, error) {
+func (c *Client) listMRs(ctx context.Context, op, project string, opt *gitlab.ListProjectMergeRequestsOptions) ([]glMR, error) {
 	opt.PerPage = 100
-	var out []*gitlab.BasicMergeRequest
+	var out []glMR
 	var next gitlab.RequestOptionFunc
 	for page := 0; ; page++ {
 		if page > 1000 {
 			return nil, &Error{Op: op, Class: ClassPermanent, Message: "more than 1000 pages of merge requests"}
 		}
-		var resp *gitlab.Response
-		err := c.call(ctx, op, http.MethodGet, func(o gitlab.RequestOptionFunc) (*gitlab.Response, error) {
-			var mrs []*gitlab.BasicMergeRequest
-			var err error
-			mrs, resp, err = c.gl.MergeRequests.ListProjectMergeRequests(project, opt, o, next)
-			out = append(out, mrs...)
-			return resp, err
-		})
+		var mrs []glMR
+		resp, err := c.rawResp(ctx, op, http.MethodGet, projectPath(project, "merge_requests"), opt, &mrs, next)
 		if err != nil {
 			return nil, err
 		}
+		out = append(out, mrs...)
 		n, ok := gitlab.WithNext(resp)
 		if !ok {
 			return out, nil
@@ -294,21 +302,16 @@ func (c *Client) EnsureMR(ctx context.Context, project string, spec MRSpec) (Mer
 		target = c.cfg.TargetBranch
 	}
 	labels := gitlab.LabelOptions(withLabel(spec.Labels))
-	var created *gitlab.MergeRequest
-	err := c.call(ctx, "create_mr", http.MethodPost, func(o gitlab.RequestOptionFunc) (*gitlab.Response, error) {
-		var resp *gitlab.Response
-		var err error
-		created, resp, err = c.gl.MergeRequests.CreateMergeRequest(project, &gitlab.CreateMergeRequestOptions{
-			Title:        &spec.Title,
-			Description:  &spec.Description,
-			SourceBranch: &spec.SourceBranch,
-			TargetBranch: &target,
-			Labels:       &labels,
-		}, o)
-		return resp, err
-	})
+	var created glMR
+	err := c.raw(ctx, "create_mr", http.MethodPost, projectPath(project, "merge_requests"), &gitlab.CreateMergeRequestOptions{
+		Title:        &spec.Title,
+		Description:  &spec.Description,
+		SourceBranch: &spec.SourceBranch,
+		TargetBranch: &target,
+		Labels:       &labels,
+	}, &created)
 	if err == nil {
-		return c.withFailureReason(ctx, project, convertMR(created)), nil
+		return c.withFailureReason(ctx, project, created.convert()), nil
 	}
 	if isStatus(err, http.StatusConflict) || ClassOf(err) == ClassTransient {
 		// 409: another replica (or our own lost answer) created it. Transient: the
@@ -334,17 +337,11 @@ func withLabel(labels []string) []string {
 
 // GetMR reads one MR, with its head pipeline status and failure reason.
 func (c *Client) GetMR(ctx context.Context, project string, iid int64) (MergeRequest, error) {
-	var m *gitlab.MergeRequest
-	err := c.call(ctx, "get_mr", http.MethodGet, func(o gitlab.RequestOptionFunc) (*gitlab.Response, error) {
-		var resp *gitlab.Response
-		var err error
-		m, resp, err = c.gl.MergeRequests.GetMergeRequest(project, iid, nil, o)
-		return resp, err
-	})
-	if err != nil {
+	var m glMR
+	if err := c.raw(ctx, "get_mr", http.MethodGet, mrPath(project, iid), nil, &m); err != nil {
 		return MergeRequest{}, err
 	}
-	return c.withFailureReason(ctx, project, convertMR(m)), nil
+	return c.withFailureReason(ctx, project, m.convert()), nil
 }
 
 // withFailureReason fills FailureReason of an MR whose head pipeline failed. The
@@ -421,33 +418,20 @@ func (c *Client) Merge(ctx context.Context, project string, iid int64, sha strin
 }
 
 func (c *Client) acceptMR(ctx context.Context, op, project string, iid int64, opt *gitlab.AcceptMergeRequestOptions) (MergeRequest, error) {
-	var m *gitlab.MergeRequest
-	err := c.call(ctx, op, http.MethodPut, func(o gitlab.RequestOptionFunc) (*gitlab.Response, error) {
-		var resp *gitlab.Response
-		var err error
-		m, resp, err = c.gl.MergeRequests.AcceptMergeRequest(project, iid, opt, o)
-		return resp, err
-	})
-	if err != nil {
+	var m glMR
+	if err := c.raw(ctx, op, http.MethodPut, mrPath(project, iid)+"/merge", opt, &m); err != nil {
 		return MergeRequest{}, err
 	}
-	return c.withFailureReason(ctx, project, convertMR(m)), nil
+	return c.withFailureReason(ctx, project, m.convert()), nil
 }
 
 // CloseMR closes an MR; closing a closed MR is fine; a merged MR stays merged (the
 // returned MergeRequest says which). Callers re-read after closing: merged wins.
 func (c *Client) CloseMR(ctx context.Context, project string, iid int64) (MergeRequest, error) {
-	var m *gitlab.MergeRequest
-	err := c.call(ctx, "close_mr", http.MethodPut, func(o gitlab.RequestOptionFunc) (*gitlab.Response, error) {
-		var resp *gitlab.Response
-		var err error
-		m, resp, err = c.gl.MergeRequests.UpdateMergeRequest(project, iid, &gitlab.UpdateMergeRequestOptions{
-			StateEvent: gitlab.Ptr("close"),
-		}, o)
-		return resp, err
-	})
+	var m glMR
+	err := c.raw(ctx, "close_mr", http.MethodPut, mrPath(project, iid), &gitlab.UpdateMergeRequestOptions{StateEvent: gitlab.Ptr("close")}, &m)
 	if err == nil {
-		return c.withFailureReason(ctx, project, convertMR(m)), nil
+		return c.withFailureReason(ctx, project, m.convert()), nil
 	}
 	if ClassOf(err) == ClassTransient || ClassOf(err) == ClassPermanent {
 		// Either the answer was lost, or GitLab refused a transition (merged, locked):
@@ -473,16 +457,44 @@ func (c *Client) ListOpenLabeled(ctx context.Context, project, label string) ([]
 	}
 	out := make([]MergeRequest, 0, len(all))
 	for _, m := range all {
-		out = append(out, convertBasic(m))
+		out = append(out, m.convert())
 	}
 	return out, nil
 }
 
-func convertBasic(m *gitlab.BasicMergeRequest) MergeRequest {
-	if m == nil {
-		return MergeRequest{}
-	}
-	return MergeRequest{
+func mrPath(project string, iid int64) string {
+	return projectPath(project, "merge_requests", strconv.FormatInt(iid, 10))
+}
+
+// glMR is the part of GitLab's merge request entity the layer reads (list answers
+// lack the pipelines). Decoding only these fields keeps the layer independent of
+// fields whose type varies between GitLab versions and implementations (durations
+// that are floats in some, integers in others).
+type glMR struct {
+	IID                       int64       `json:"iid"`
+	State                     string      `json:"state"`
+	DetailedMergeStatus       string      `json:"detailed_merge_status"`
+	HasConflicts              bool        `json:"has_conflicts"`
+	SHA                       string      `json:"sha"`
+	WebURL                    string      `json:"web_url"`
+	SourceBranch              string      `json:"source_branch"`
+	TargetBranch              string      `json:"target_branch"`
+	Labels                    []string    `json:"labels"`
+	MergeWhenPipelineSucceeds bool        `json:"merge_when_pipeline_succeeds"`
+	MergedAt                  *time.Time  `json:"merged_at"`
+	ClosedAt                  *time.Time  `json:"closed_at"`
+	HeadPipeline              *glPipeline `json:"head_pipeline"`
+	Pipeline                  *glPipeline `json:"pipeline"`
+}
+
+type glPipeline struct {
+	ID     int64  `json:"id"`
+	Status string `json:"status"`
+	SHA    string `json:"sha"`
+}
+
+func (m glMR) convert() MergeRequest {
+	mr := MergeRequest{
 		IID:                       m.IID,
 		State:                     m.State,
 		DetailedMergeStatus:       m.DetailedMergeStatus,
@@ -491,24 +503,16 @@ func convertBasic(m *gitlab.BasicMergeRequest) MergeRequest {
 		WebURL:                    m.WebURL,
 		SourceBranch:              m.SourceBranch,
 		TargetBranch:              m.TargetBranch,
-		Labels:                    slices.Clone([]string(m.Labels)),
+		Labels:                    slices.Clone(m.Labels),
 		MergeWhenPipelineSucceeds: m.MergeWhenPipelineSucceeds,
 		MergedAt:                  m.MergedAt,
 		ClosedAt:                  m.ClosedAt,
 	}
-}
-
-func convertMR(m *gitlab.MergeRequest) MergeRequest {
-	if m == nil {
-		return MergeRequest{}
-	}
-	mr := convertBasic(&m.BasicMergeRequest)
-	if m.HeadPipeline != nil {
-		mr.PipelineStatus = m.HeadPipeline.Status
-		mr.PipelineID = m.HeadPipeline.ID
-	} else if m.Pipeline != nil && m.Pipeline.SHA == m.SHA {
-		mr.PipelineStatus = m.Pipeline.Status
-		mr.PipelineID = m.Pipeline.ID
+	switch {
+	case m.HeadPipeline != nil:
+		mr.PipelineStatus, mr.PipelineID = m.HeadPipeline.Status, m.HeadPipeline.ID
+	case m.Pipeline != nil && m.Pipeline.SHA == m.SHA:
+		mr.PipelineStatus, mr.PipelineID = m.Pipeline.Status, m.Pipeline.ID
 	}
 	return mr
 }

@@ -96,7 +96,9 @@ func (s *Sim) pipelineJSON(p *project, pl *pipeline) map[string]any {
 	out["finished_at"] = tsPtr(pl.finishedAt)
 	out["committed_at"] = nil
 	out["duration"] = duration
-	out["queued_duration"] = 0
+	// GitLab documents queued_duration as seconds with a fraction (0.010 in its
+	// examples); clients must not assume an integer.
+	out["queued_duration"] = 0.01
 	out["coverage"] = nil
 	out["name"] = nil
 	out["detailed_status"] = map[string]any{
