@@ -2,6 +2,7 @@ package scanner
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -200,7 +201,11 @@ func fileActions(members []store.Operation) ([]mr.FileAction, error) {
 		op := byPath[p]
 		switch op.Action {
 		case store.ActionGrant:
-			out = append(out, mr.FileAction{Path: p, Content: mr.BindingYAML(op.Subject, op.Target, op.OperationID, op.ExpiresAt)})
+			content, err := bindingFile(op)
+			if err != nil {
+				return nil, fmt.Errorf("binding file of operation %s: %w", op.OperationID, err)
+			}
+			out = append(out, mr.FileAction{Path: p, Content: content})
 		case store.ActionRevoke:
 			out = append(out, mr.FileAction{Path: p, Delete: true})
 		default:
@@ -208,6 +213,18 @@ func fileActions(members []store.Operation) ([]mr.FileAction, error) {
 		}
 	}
 	return out, nil
+}
+
+// bindingFile renders a grant's file, with the operation's attributes when it has any.
+func bindingFile(op store.Operation) (string, error) {
+	if len(op.Attributes) == 0 || string(op.Attributes) == "null" {
+		return mr.BindingYAML(op.Subject, op.Target, op.OperationID, op.ExpiresAt), nil
+	}
+	var attrs map[string]any
+	if err := json.Unmarshal(op.Attributes, &attrs); err != nil {
+		return "", err
+	}
+	return mr.BindingYAMLWithAttributes(op.Subject, op.Target, op.OperationID, op.ExpiresAt, attrs)
 }
 
 func mrTitle(b store.Batch, members []store.Operation) string {
