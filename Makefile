@@ -29,5 +29,11 @@ lint: ## gofmt and go vet
 build: ## build binaries into ./bin
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./cmd/...
 
+demo: db build ## the quickstart: fresh database, GitLab simulator, 3 replicas as processes, ~300 operations, one replica killed (about a minute)
+	$(BIN)/batcherd-demo -bin $(BIN)
+
+run: build ## one replica against your own MySQL and GitLab, configured by BATCHERD_* variables (bin/batcherd help lists them; bin/batcherd migrate once first)
+	exec $(BIN)/batcherd serve
+
 clean: ## remove build output
 	rm -rf $(BIN)

@@ -1,0 +1,233 @@
+package harness
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// BindingKey names a binding and the repository holding its file.
+type BindingKey struct{ Repo, Subject, Target string }
+
+// BindingPath is the repository file of a binding (DESIGN §5, a contract).
+func BindingPath(subject, target string) string {
+	return "bindings/" + url.PathEscape(target) + "/" + url.PathEscape(subject) + ".yaml"
+}
+
+// Expect is what Audit checks beyond the always-on rules.
+type Expect struct {
+	// Merged are operation ids that must have status merged, each a member of exactly
+	// one succeeded batch.
+	Merged []string
+	// Present bindings must have their file on the default branch, naming subject and
+	// target; Absent ones must not.
+	Present, Absent []BindingKey
+	// Settled requires every batch to be finished (no running or blocked batch).
+	Settled bool
+}
+
+// AuditReport is what Audit found. Problems empty means every check passed.
+type AuditReport struct {
+	Operations      map[string]int // expected operations by status
+	Batches         int
+	BatchesByStatus map[string]int
+	MRs             int
+	MRsByState      map[string]int
+	OneMRPerBatch   int // batches that have exactly one MR (every settled-succeeded batch must)
+	Files           int // binding files on the default branches
+	Problems        []string
+}
+
+// OK reports whether no problem was found.
+func (r AuditReport) OK() bool { return len(r.Problems) == 0 }
+
+func (r *AuditReport) problem(format string, args ...any) {
+	r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+}
+
+// Summary is a few lines for a log or a failure message.
+func (r AuditReport) Summary() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "operations %v; batches %d %v; MRs %d %v; batches with exactly one MR %d; binding files %d",
+		r.Operations, r.Batches, r.BatchesByStatus, r.MRs, r.MRsByState, r.OneMRPerBatch, r.Files)
+	if len(r.Problems) > 0 {
+		fmt.Fprintf(&b, "\n%d problem(s):", len(r.Problems))
+		for i, p := range r.Problems {
+			if i == 30 {
+				fmt.Fprintf(&b, "\n  … and %d more", len(r.Problems)-i)
+				break
+			}
+			b.WriteString("\n  - " + p)
+		}
+	}
+	return b.String()
+}
+
+// Audit compares what the API says with what the repository (the simulator) holds:
+//
+//   - every batch has at most one MR for its source branch (never a second MR for a
+//     branch), a succeeded batch exactly one and it is merged, and no MR of a failed
+//     batch is merged (fencing);
+//   - every batcherd MR belongs to a batch the API knows;
+//   - plus whatever exp asks (operations merged, binding files present or absent,
+//     no batch still active).
+func (c *Cluster) Audit(ctx context.Context, client *Client, exp Expect) (AuditReport, error) {
+	rep := AuditReport{Operations: map[string]int{}, BatchesByStatus: map[string]int{}, MRsByState: map[string]int{}}
+	batches, err := client.Batches(ctx, "", "")
+	if err != nil {
+		return rep, fmt.Errorf("listing batches: %w", err)
+	}
+	state, err := c.Sim.State(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("simulator state: %w", err)
+	}
+	rep.Batches = len(batches)
+	succeededIn := map[string][]int64{}
+	known := map[string]bool{} // repo + "\x00" + branch
+	for _, b := range batches {
+		rep.BatchesByStatus[b.Status]++
+		known[b.Repo+"\x00"+b.SourceBranch] = true
+		proj, ok := state.Projects[b.Repo]
+		if !ok {
+			rep.problem("batch %d: repository %q is not in the simulator", b.ID, b.Repo)
+			continue
+		}
+		mrs := proj.MergeRequests[b.SourceBranch]
+		if len(mrs) == 1 {
+			rep.OneMRPerBatch++
+		}
+		if len(mrs) > 1 {
+			rep.problem("batch %d: %d MRs for branch %s (one MR per batch)", b.ID, len(mrs), b.SourceBranch)
+		}
+		switch b.Status {
+		case "succeeded":
+			for _, id := range b.OperationIDs {
+				succeededIn[id] = append(succeededIn[id], b.ID)
+			}
+			if len(mrs) != 1 || mrs[0].State != "merged" {
+				rep.problem("batch %d succeeded but its branch %s has %s", b.ID, b.SourceBranch, describeMRs(mrs))
+			} else if b.MRIID == nil || *b.MRIID != mrs[0].IID {
+				rep.problem("batch %d records MR iid %v, the branch's MR is !%d", b.ID, deref(b.MRIID), mrs[0].IID)
+			}
+		case "failed":
+			for _, m := range mrs {
+				if m.State == "merged" {
+					rep.problem("batch %d is failed but MR !%d of its branch merged (fencing)", b.ID, m.IID)
+				}
+			}
+		default: // running, blocked
+			if exp.Settled {
+				rep.problem("batch %d is still %s", b.ID, b.Status)
+			}
+		}
+	}
+	for repo, proj := range state.Projects {
+		for branch, mrs := range proj.MergeRequests {
+			rep.MRs += len(mrs)
+			for _, m := range mrs {
+				rep.MRsByState[m.State]++
+			}
+			if strings.HasPrefix(branch, "batcherd/") && !known[repo+"\x00"+branch] {
+				rep.problem("%s: MR(s) %s for branch %s that no batch has", repo, describeMRs(mrs), branch)
+			}
+		}
+		for path := range proj.Files {
+			if strings.HasPrefix(path, "bindings/") {
+				rep.Files++
+			}
+		}
+	}
+
+	ops, err := getOperations(ctx, client, exp.Merged)
+	if err != nil {
+		return rep, err
+	}
+	for _, id := range exp.Merged {
+		op := ops[id]
+		rep.Operations[op.Status]++
+		if op.Status != "merged" {
+			msg := ""
+			if op.Error != nil {
+				msg = " (" + op.Error.Code + ": " + op.Error.Message + ")"
+			}
+			rep.problem("operation %s (%s %s→%s) is %s, not merged%s", id, op.Action, op.Subject, op.Target, op.Status, msg)
+			continue
+		}
+		if n := len(succeededIn[id]); n != 1 {
+			rep.problem("operation %s is merged but a member of %d succeeded batches %v", id, n, succeededIn[id])
+		}
+	}
+
+	for _, k := range exp.Present {
+		content, ok := state.Projects[k.Repo].Files[BindingPath(k.Subject, k.Target)]
+		switch {
+		case !ok:
+			rep.problem("%s: binding file %s is missing", k.Repo, BindingPath(k.Subject, k.Target))
+		case !strings.Contains(content, k.Subject) || !strings.Contains(content, k.Target):
+			rep.problem("%s: binding file %s does not name its subject and target", k.Repo, BindingPath(k.Subject, k.Target))
+		}
+	}
+	for _, k := range exp.Absent {
+		if _, ok := state.Projects[k.Repo].Files[BindingPath(k.Subject, k.Target)]; ok {
+			rep.problem("%s: binding file %s should have been deleted", k.Repo, BindingPath(k.Subject, k.Target))
+		}
+	}
+	sort.Strings(rep.Problems)
+	return rep, nil
+}
+
+// getOperations reads operations with a few concurrent requests.
+func getOperations(ctx context.Context, client *Client, ids []string) (map[string]Operation, error) {
+	out := make(map[string]Operation, len(ids))
+	var (
+		mu    sync.Mutex
+		first error
+		wg    sync.WaitGroup
+	)
+	ch := make(chan string)
+	for range 8 {
+		wg.Go(func() {
+			for id := range ch {
+				op, err := client.Operation(ctx, id)
+				mu.Lock()
+				if err != nil && first == nil {
+					first = fmt.Errorf("reading operation %s: %w", id, err)
+				}
+				out[id] = op
+				mu.Unlock()
+			}
+		})
+	}
+	for _, id := range ids {
+		ch <- id
+	}
+	close(ch)
+	wg.Wait()
+	return out, first
+}
+
+// GetOperations reads many operations concurrently (8 at a time).
+func GetOperations(ctx context.Context, client *Client, ids []string) (map[string]Operation, error) {
+	return getOperations(ctx, client, ids)
+}
+
+func describeMRs(mrs []SimMR) string {
+	if len(mrs) == 0 {
+		return "no MR"
+	}
+	parts := make([]string, len(mrs))
+	for i, m := range mrs {
+		parts[i] = fmt.Sprintf("!%d %s", m.IID, m.State)
+	}
+	return strings.Join(parts, ", ")
+}
+
+func deref(p *int64) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}

@@ -1,0 +1,368 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// The API objects of DESIGN §6, as a client sees them.
+
+// ErrorBody is the {"code","message"} of an error response or of an object's error.
+type ErrorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Operation is an operation object.
+type Operation struct {
+	ID        string     `json:"id"`
+	Subject   string     `json:"subject"`
+	Target    string     `json:"target"`
+	Repo      string     `json:"repo"`
+	Action    string     `json:"action"`
+	Status    string     `json:"status"`
+	BatchID   *int64     `json:"batch_id"`
+	MRURL     *string    `json:"mr_url"`
+	Error     *ErrorBody `json:"error"`
+	ExpiresAt *string    `json:"expires_at"`
+	CreatedAt string     `json:"created_at"`
+	UpdatedAt string     `json:"updated_at"`
+}
+
+// Batch is a batch object.
+type Batch struct {
+	ID           int64      `json:"id"`
+	Repo         string     `json:"repo"`
+	Status       string     `json:"status"`
+	Size         int        `json:"size"`
+	SourceBranch string     `json:"source_branch"`
+	MRIID        *int64     `json:"mr_iid"`
+	MRURL        *string    `json:"mr_url"`
+	Error        *ErrorBody `json:"error"`
+	OperationIDs []string   `json:"operation_ids"`
+	CreatedAt    string     `json:"created_at"`
+	UpdatedAt    string     `json:"updated_at"`
+	FinishedAt   *string    `json:"finished_at"`
+}
+
+// Binding is a binding object.
+type Binding struct {
+	Subject     string  `json:"subject"`
+	Target      string  `json:"target"`
+	Repo        string  `json:"repo"`
+	Status      string  `json:"status"`
+	OperationID string  `json:"operation_id"`
+	ExpiresAt   *string `json:"expires_at"`
+	CreatedAt   string  `json:"created_at"`
+	UpdatedAt   string  `json:"updated_at"`
+}
+
+// RoundResult is the answer of POST /v1/admin/rounds.
+type RoundResult struct {
+	Outcome string `json:"outcome"`
+	BatchID *int64 `json:"batch_id"`
+}
+
+// OperationRequest is the body of POST /v1/operations.
+type OperationRequest struct {
+	Subject    string         `json:"subject"`
+	Target     string         `json:"target"`
+	Action     string         `json:"action"`
+	Repo       string         `json:"repo,omitempty"`
+	ExpiresAt  *time.Time     `json:"expires_at,omitempty"`
+	Attributes map[string]any `json:"attributes,omitempty"`
+}
+
+// APIError is a non-2xx answer.
+type APIError struct {
+	Method, Path string
+	Status       int
+	Code         string
+	Message      string
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("%s %s: %d %s: %s", e.Method, e.Path, e.Status, e.Code, e.Message)
+}
+
+// IsAPIError reports whether err is an *APIError with the given status (and code, if
+// not empty).
+func IsAPIError(err error, status int, code string) bool {
+	var ae *APIError
+	return errors.As(err, &ae) && ae.Status == status && (code == "" || ae.Code == code)
+}
+
+// Client calls the batcherd HTTP API. With several endpoints it spreads calls
+// round-robin and fails over to the next endpoint when one cannot be reached — safe
+// because every call here is idempotent (admission is retried only with an
+// Idempotency-Key). It never retries an HTTP answer, only a failed connection.
+type Client struct {
+	endpoints func() []string
+	token     string
+	http      *http.Client
+	next      atomic.Uint64
+	// Failovers counts calls that moved to another endpoint after a connection error.
+	Failovers atomic.Int64
+}
+
+// NewClient returns a client over fixed base URLs (http://host:port).
+func NewClient(token string, baseURLs ...string) *Client {
+	return newClient(token, func() []string { return baseURLs })
+}
+
+func newClient(token string, endpoints func() []string) *Client {
+	return &Client{
+		endpoints: endpoints,
+		token:     token,
+		http: &http.Client{
+			Timeout: 30 * time.Second,
+			Transport: &http.Transport{
+				MaxIdleConnsPerHost: 32,
+				IdleConnTimeout:     30 * time.Second,
+				DialContext:         (&net.Dialer{Timeout: 2 * time.Second}).DialContext,
+			},
+		},
+	}
+}
+
+// WithToken returns a client over the same endpoints with another bearer token.
+func (c *Client) WithToken(token string) *Client { return newClient(token, c.endpoints) }
+
+// CloseIdle closes idle keep-alive connections.
+func (c *Client) CloseIdle() { c.http.CloseIdleConnections() }
+
+// do sends one request and decodes a 2xx body into out. retryable says whether a
+// connection failure may be retried on another endpoint.
+func (c *Client) do(ctx context.Context, method, path string, hdr http.Header, in, out any, retryable bool) (int, error) {
+	var body []byte
+	if in != nil {
+		var err error
+		if body, err = json.Marshal(in); err != nil {
+			return 0, err
+		}
+	}
+	eps := c.endpoints()
+	if len(eps) == 0 {
+		return 0, errors.New("harness client: no live endpoint")
+	}
+	start := int(c.next.Add(1))
+	var lastErr error
+	for i := range eps {
+		base := eps[(start+i)%len(eps)]
+		req, err := http.NewRequestWithContext(ctx, method, base+path, bytes.NewReader(body))
+		if err != nil {
+			return 0, err
+		}
+		for k, v := range hdr {
+			req.Header[k] = v
+		}
+		if in != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		if c.token != "" {
+			req.Header.Set("Authorization", "Bearer "+c.token)
+		}
+		resp, err := c.http.Do(req)
+		if err != nil {
+			lastErr = err
+			if ctx.Err() != nil || !retryable || !connectionError(err) {
+				return 0, err
+			}
+			c.Failovers.Add(1)
+			continue
+		}
+		data, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return resp.StatusCode, err
+		}
+		if resp.StatusCode/100 != 2 {
+			ae := &APIError{Method: method, Path: path, Status: resp.StatusCode}
+			var eb struct {
+				Error ErrorBody `json:"error"`
+			}
+			if json.Unmarshal(data, &eb) == nil && eb.Error.Code != "" {
+				ae.Code, ae.Message = eb.Error.Code, eb.Error.Message
+			} else {
+				ae.Message = string(data)
+			}
+			return resp.StatusCode, ae
+		}
+		if out != nil && len(data) > 0 {
+			if err := json.Unmarshal(data, out); err != nil {
+				return resp.StatusCode, fmt.Errorf("%s %s: decoding %q: %w", method, path, truncate(string(data), 200), err)
+			}
+		}
+		return resp.StatusCode, nil
+	}
+	return 0, fmt.Errorf("every endpoint failed: %w", lastErr)
+}
+
+// connectionError reports failures where the request cannot have been processed, or
+// the connection broke (a replica killed mid-request): worth another endpoint for
+// idempotent calls.
+func connectionError(err error) bool {
+	var ne net.Error
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EPIPE) ||
+		(errors.As(err, &ne) && ne.Timeout())
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// Submit applies for an operation. created is false when the Idempotency-Key was
+// already seen (200: the first request's operation). An empty key sends none, and
+// then a connection failure is not retried on another replica.
+func (c *Client) Submit(ctx context.Context, req OperationRequest, idempotencyKey string) (op Operation, created bool, err error) {
+	var hdr http.Header
+	if idempotencyKey != "" {
+		hdr = http.Header{"Idempotency-Key": {idempotencyKey}}
+	}
+	var out struct {
+		Operation Operation `json:"operation"`
+	}
+	status, err := c.do(ctx, http.MethodPost, "/v1/operations", hdr, req, &out, idempotencyKey != "")
+	return out.Operation, status == http.StatusCreated, err
+}
+
+func (c *Client) opCall(ctx context.Context, method, id, suffix string) (Operation, error) {
+	var out struct {
+		Operation Operation `json:"operation"`
+	}
+	_, err := c.do(ctx, method, "/v1/operations/"+url.PathEscape(id)+suffix, nil, nil, &out, true)
+	return out.Operation, err
+}
+
+// Approve approves an operation (idempotent).
+func (c *Client) Approve(ctx context.Context, id string) (Operation, error) {
+	return c.opCall(ctx, http.MethodPost, id, "/approve")
+}
+
+// Reject rejects an operation.
+func (c *Client) Reject(ctx context.Context, id string) (Operation, error) {
+	return c.opCall(ctx, http.MethodPost, id, "/reject")
+}
+
+// Retry moves a failed operation back to queued.
+func (c *Client) Retry(ctx context.Context, id string) (Operation, error) {
+	return c.opCall(ctx, http.MethodPost, id, "/retry")
+}
+
+// Operation reads one operation.
+func (c *Client) Operation(ctx context.Context, id string) (Operation, error) {
+	return c.opCall(ctx, http.MethodGet, id, "")
+}
+
+// Bindings lists bindings filtered by subject and/or target.
+func (c *Client) Bindings(ctx context.Context, subject, target string) ([]Binding, error) {
+	q := url.Values{}
+	if subject != "" {
+		q.Set("subject", subject)
+	}
+	if target != "" {
+		q.Set("target", target)
+	}
+	q.Set("limit", "1000")
+	var out struct {
+		Bindings []Binding `json:"bindings"`
+	}
+	_, err := c.do(ctx, http.MethodGet, "/v1/bindings?"+q.Encode(), nil, nil, &out, true)
+	return out.Bindings, err
+}
+
+// Batch reads one batch.
+func (c *Client) Batch(ctx context.Context, id int64) (Batch, error) {
+	var out struct {
+		Batch Batch `json:"batch"`
+	}
+	_, err := c.do(ctx, http.MethodGet, "/v1/batches/"+strconv.FormatInt(id, 10), nil, nil, &out, true)
+	return out.Batch, err
+}
+
+// Batches lists every batch (all pages, newest first), filtered by repo and status
+// when not empty.
+func (c *Client) Batches(ctx context.Context, repo, status string) ([]Batch, error) {
+	var all []Batch
+	cursor := ""
+	for {
+		q := url.Values{"limit": {"100"}}
+		if repo != "" {
+			q.Set("repo", repo)
+		}
+		if status != "" {
+			q.Set("status", status)
+		}
+		if cursor != "" {
+			q.Set("cursor", cursor)
+		}
+		var out struct {
+			Batches    []Batch `json:"batches"`
+			NextCursor *string `json:"next_cursor"`
+		}
+		if _, err := c.do(ctx, http.MethodGet, "/v1/batches?"+q.Encode(), nil, nil, &out, true); err != nil {
+			return nil, err
+		}
+		all = append(all, out.Batches...)
+		if out.NextCursor == nil || *out.NextCursor == "" || len(out.Batches) == 0 {
+			return all, nil
+		}
+		cursor = *out.NextCursor
+	}
+}
+
+// Round runs a claim round now (admin token); repo "" means every repository.
+func (c *Client) Round(ctx context.Context, repo string) (RoundResult, error) {
+	var in any = struct{}{}
+	if repo != "" {
+		in = map[string]string{"repo": repo}
+	}
+	var out RoundResult
+	_, err := c.do(ctx, http.MethodPost, "/v1/admin/rounds", nil, in, &out, true)
+	return out, err
+}
+
+// Settle runs close-then-reread settlement of a batch now (admin token).
+func (c *Client) Settle(ctx context.Context, id int64) (Batch, error) {
+	var out struct {
+		Batch Batch `json:"batch"`
+	}
+	_, err := c.do(ctx, http.MethodPost, "/v1/admin/batches/"+strconv.FormatInt(id, 10)+"/settle", nil, nil, &out, true)
+	return out.Batch, err
+}
+
+// Get fetches a path and returns the status code and body without judging either
+// (health, readiness, metrics).
+func (c *Client) Get(ctx context.Context, path string) (int, []byte, error) {
+	eps := c.endpoints()
+	if len(eps) == 0 {
+		return 0, nil, errors.New("harness client: no live endpoint")
+	}
+	base := eps[int(c.next.Add(1))%len(eps)]
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
