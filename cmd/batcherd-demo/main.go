@@ -22,7 +22,8 @@
 //
 // Usage (make demo builds ./bin first and passes -bin bin):
 //
-//	batcherd-demo [-bin DIR] [-grants 240] [-revokes 80] [-replicas 3] [-keep-db] [-v]
+//	batcherd-demo [-bin DIR] [-grants 240] [-revokes 80] [-replicas 3] [-waves 12]
+//	              [-wave-interval 2s] [-timeout 100s] [-keep-db] [-v]
 //
 // The database server is BATCHERD_TEST_DSN (default
 // batcherd:batcherd@tcp(127.0.0.1:3306)/, which `make db` sets up).
@@ -60,6 +61,7 @@ type config struct {
 	revokes  int
 	replicas int
 	waves    int
+	every    time.Duration
 	keepDB   bool
 	verbose  bool
 	timeout  time.Duration
@@ -71,7 +73,8 @@ func main() {
 	flag.IntVar(&cfg.grants, "grants", 240, "grant operations, split over the two repositories")
 	flag.IntVar(&cfg.revokes, "revokes", 80, "revoke operations of bindings granted earlier (at most half the grants)")
 	flag.IntVar(&cfg.replicas, "replicas", 3, "batcherd serve processes (one is killed midway when there are at least 2)")
-	flag.IntVar(&cfg.waves, "waves", 8, "waves the grants arrive in, one a second")
+	flag.IntVar(&cfg.waves, "waves", 12, "waves the grants arrive in")
+	flag.DurationVar(&cfg.every, "wave-interval", 2*time.Second, "time between two waves")
 	flag.BoolVar(&cfg.keepDB, "keep-db", false, "keep the demo database (and the process logs) for inspection")
 	flag.BoolVar(&cfg.verbose, "v", false, "print the harness's steps")
 	flag.DurationVar(&cfg.timeout, "timeout", 100*time.Second, "give up when the operations are not all merged by then")
@@ -337,7 +340,7 @@ func (d *demo) submitGrants(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(time.Second):
+			case <-time.After(d.cfg.every):
 			}
 		}
 	}
@@ -508,8 +511,12 @@ func (d *demo) killOne(ctx context.Context) error {
 		}
 		d.mu.Lock()
 		d.killed, d.killedAt, d.inflight = victim, time.Since(d.start), bs
-		d.sayLocked("✖ kill -9 %s (pid %d) with %s in flight; %s carry on",
-			victim.ID, victim.Pid(), strings.Join(desc, " and "), others(d.c, victim))
+		why := ""
+		if !best.IsZero() {
+			why = ", the replica that opened the latest MR,"
+		}
+		d.sayLocked("✖ kill -9 %s (pid %d)%s with %s in flight; %s carry on",
+			victim.ID, victim.Pid(), why, strings.Join(desc, " and "), others(d.c, victim))
 		d.mu.Unlock()
 		return nil
 	}
@@ -676,9 +683,8 @@ func (d *demo) finish(ctx context.Context) error {
 		sizes = append(sizes, b.Size)
 	}
 	sort.Ints(sizes)
-	fmt.Fprintf(out, "batches      %d (%s: %d, %s: %d), %v; sizes %s\n", rep.Batches, repos[0], perRepo[repos[0]], repos[1], perRepo[repos[1]], rep.BatchesByStatus, sizeRange(sizes))
-	fmt.Fprintf(out, "MRs          %d %v; batches with exactly one MR: %d of %d; MRs without a batch: 0 unless listed below\n",
-		rep.MRs, rep.MRsByState, rep.OneMRPerBatch, rep.Batches)
+	fmt.Fprintf(out, "batches      %d (%s %d, %s %d): %s; %s each\n", rep.Batches, repos[0], perRepo[repos[0]], repos[1], perRepo[repos[1]], counts(rep.BatchesByStatus), sizeRange(sizes))
+	fmt.Fprintf(out, "MRs          %d (%s); batches with exactly one MR: %d of %d\n", rep.MRs, counts(rep.MRsByState), rep.OneMRPerBatch, rep.Batches)
 	fmt.Fprintf(out, "repository   %d binding files on main: %d granted bindings present, %d revoked ones deleted\n",
 		rep.Files, len(exp.Present), len(exp.Absent))
 	fmt.Fprintf(out, "per replica  (claimed / MRs opened / batches settled)\n")
@@ -702,7 +708,9 @@ func (d *demo) finish(ctx context.Context) error {
 		}
 	}
 	d.mu.Unlock()
-	fmt.Fprintf(out, "API failovers %d (calls that found a replica gone and went to another)\n", d.api.Failovers.Load())
+	if n := d.api.Failovers.Load(); n > 0 {
+		fmt.Fprintf(out, "API failover %d call(s) in flight to the killed replica were retried on another one (same Idempotency-Key)\n", n)
+	}
 	fmt.Fprintf(out, "batcherd verify: exit %d\n%s", vcode, indent(vout))
 	fmt.Fprintf(out, "time         %.1fs from the first application to the last merge\n", elapsed.Seconds())
 
@@ -722,6 +730,23 @@ func (d *demo) finish(ctx context.Context) error {
 	}
 	fmt.Fprintf(out, "\nOK: every operation merged, one MR per batch, no MR for a failed batch, repository matches, verify clean.\n")
 	return nil
+}
+
+// counts renders {"succeeded": 16, "failed": 1} as "16 succeeded, 1 failed".
+func counts(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%d %s", m[k], k)
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }
 
 func sizeRange(s []int) string {
