@@ -80,18 +80,18 @@ func (l *claimLoop) claimRepo(ctx context.Context, repo string) (store.ClaimResu
 // RunRound runs a claim round now for repo, through the same code as the scheduled
 // round (the admin API's POST /v1/admin/rounds). repo "" means every configured
 // repository: the result is the first claimed batch, else slot_occupied if any
-// repository's slot was taken, else nothing_to_claim. ErrUnknownRepo for a repository
-// that is not configured.
+// repository's slot was taken, else nothing_to_claim (preempted is reported as
+// slot_occupied). ErrUnknownRepo for a repository that is not configured.
 func (s *Scanner) RunRound(ctx context.Context, repo string) (store.ClaimResult, error) {
 	if repo != "" {
 		if !slices.Contains(s.cfg.Repos, repo) {
 			return store.ClaimResult{}, ErrUnknownRepo
 		}
-		return s.claim.claimRepo(ctx, repo)
+		return apiOutcome(s.claim.claimRepo(ctx, repo))
 	}
 	best := store.ClaimResult{Outcome: store.ClaimNothingToClaim}
 	for _, r := range s.cfg.Repos {
-		res, err := s.claim.claimRepo(ctx, r)
+		res, err := apiOutcome(s.claim.claimRepo(ctx, r))
 		if err != nil {
 			return res, err
 		}
@@ -103,4 +103,15 @@ func (s *Scanner) RunRound(ctx context.Context, repo string) (store.ClaimResult,
 		}
 	}
 	return best, nil
+}
+
+// apiOutcome maps preempted (another transaction took some of the rows between our
+// read and our claim) to slot_occupied for RunRound's callers: the admin API promises
+// claimed, slot_occupied or nothing_to_claim, and both mean "someone else is claiming
+// this repository right now".
+func apiOutcome(res store.ClaimResult, err error) (store.ClaimResult, error) {
+	if err == nil && res.Outcome == store.ClaimPreempted {
+		res.Outcome = store.ClaimSlotOccupied
+	}
+	return res, err
 }

@@ -212,7 +212,7 @@ func kick(c chan struct{}) {
 
 // Run starts every loop and blocks until ctx ends and the loops have stopped. On
 // cancel the loops stop taking new work; the step in hand runs on a work context that
-// is cancelled ShutdownTimeout later, and an abandoned step is safe by construction
+// is cancelled shortly before ShutdownTimeout, and an abandoned step is safe by construction
 // (every step is resumable by any replica). Run returns nil after a graceful stop.
 func (s *Scanner) Run(ctx context.Context) error {
 	if err := s.cfg.Validate(); err != nil {
@@ -241,11 +241,15 @@ func (s *Scanner) Run(ctx context.Context) error {
 	s.drainOnce.Do(func() { close(s.draining) })
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
+	// Abandon a little before ShutdownTimeout: the process (app.Run) gives up waiting
+	// at ShutdownTimeout, and a step cancelled by us rolls its transaction back and
+	// closes its HTTP call cleanly, which beats being cut off by the exit.
+	grace := s.cfg.ShutdownTimeout - min(s.cfg.ShutdownTimeout/10, 2*time.Second)
 	select {
 	case <-done:
 		s.log.Info("scanner stopped")
 		return nil
-	case <-time.After(s.cfg.ShutdownTimeout):
+	case <-time.After(grace):
 	}
 	// Abandon the steps still running: each GitLab and store call honours the work
 	// context, and whatever was half done is resumed by the next pass of any replica.
