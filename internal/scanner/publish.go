@@ -73,7 +73,7 @@ func (l *publishLoop) publish(ctx context.Context, b store.Batch, log *slog.Logg
 		}
 		if len(members) == 0 {
 			// Cannot happen through BatchClaim; fail loudly rather than open an empty MR.
-			_, err := l.s.settleFailure(ctx, b, "empty_batch", "the batch has no members", log)
+			_, err := l.s.settleFailure(ctx, b, CodeEmptyBatch, "the batch has no members", log)
 			return err
 		}
 		files, err := fileActions(members)
