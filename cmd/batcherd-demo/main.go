@@ -46,6 +46,8 @@ import (
 	"github.com/batcherd/batcherd/internal/harness"
 )
 
+const dbPrefix = "batcherd_demo"
+
 var repos = []string{"platform/access-bindings", "platform/network-policies"}
 
 // Each repository gets its own target namespace: a binding (subject, target) is
@@ -99,6 +101,10 @@ func main() {
 		os.Exit(130)
 	}()
 	if err := run(ctx, cfg, os.Stdout); err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(os.Stdout, "\ninterrupted; everything the demo started is stopped")
+			os.Exit(130)
+		}
 		fmt.Fprintf(os.Stdout, "\nDEMO FAILED: %v\n", err)
 		os.Exit(1)
 	}
@@ -145,6 +151,10 @@ func run(ctx context.Context, cfg config, out io.Writer) (err error) {
 	fmt.Fprintf(out, "batcherd demo: %d replicas (separate processes), 2 repositories, %d grants + %d revokes through the HTTP API\n\n",
 		cfg.replicas, cfg.grants, cfg.revokes)
 
+	// Databases of earlier demos that were killed before they could drop them.
+	if dropped, err := harness.DropStaleDatabases(ctx, "", dbPrefix, time.Hour); err == nil && len(dropped) > 0 {
+		fmt.Fprintf(out, "dropped %d database(s) left behind by interrupted demos: %s\n\n", len(dropped), strings.Join(dropped, ", "))
+	}
 	var bins *harness.Binaries
 	if cfg.bin != "" {
 		if bins, err = harness.Prebuilt(cfg.bin); err != nil {
@@ -165,7 +175,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (err error) {
 	opts := harness.Options{
 		Replicas:          cfg.replicas,
 		Repos:             repos,
-		DBPrefix:          "batcherd_demo",
+		DBPrefix:          dbPrefix,
 		KeepDatabase:      cfg.keepDB,
 		Binaries:          bins,
 		LogDir:            logDir,

@@ -254,7 +254,7 @@ func (c *Cluster) createDatabase(ctx context.Context) error {
 	c.serverDSN = cfg.FormatDSN()
 	var b [5]byte
 	_, _ = rand.Read(b[:])
-	name := fmt.Sprintf("%s_%s_%s", c.Opts.DBPrefix, time.Now().Format("0102150405"), hex.EncodeToString(b[:]))
+	name := fmt.Sprintf("%s_%s_%s", c.Opts.DBPrefix, time.Now().UTC().Format(dbTimeLayout), hex.EncodeToString(b[:]))
 	if len(name) > 64 {
 		name = name[len(name)-64:]
 	}
@@ -270,6 +270,62 @@ func (c *Cluster) createDatabase(ctx context.Context) error {
 	cfg.DBName = name
 	c.DSN = cfg.FormatDSN()
 	return nil
+}
+
+// dbTimeLayout is the UTC creation time in a database's name.
+const dbTimeLayout = "20060102150405"
+
+// DropStaleDatabases drops databases on the server of serverDSN named by the harness
+// with prefix (prefix_<UTC time>_<random>) and created more than olderThan ago: what
+// runs killed before their Close left behind. It returns the names dropped.
+func DropStaleDatabases(ctx context.Context, serverDSN, prefix string, olderThan time.Duration) ([]string, error) {
+	if serverDSN == "" {
+		serverDSN = os.Getenv("BATCHERD_TEST_DSN")
+	}
+	if serverDSN == "" {
+		serverDSN = DefaultServerDSN
+	}
+	cfg, err := mysql.ParseDSN(serverDSN)
+	if err != nil {
+		return nil, fmt.Errorf("server DSN: %w", err)
+	}
+	cfg.DBName = ""
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	rows, err := db.QueryContext(ctx, "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE ?",
+		strings.NewReplacer("_", `\_`, "%", `\%`).Replace(prefix)+`\_%`)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		names = append(names, n)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var dropped []string
+	for _, n := range names {
+		ts, _, ok := strings.Cut(strings.TrimPrefix(n, prefix+"_"), "_")
+		created, err := time.Parse(dbTimeLayout, ts)
+		if !ok || err != nil || time.Since(created) < olderThan {
+			continue // not one of ours, or too young: maybe another run's
+		}
+		if _, err := db.ExecContext(ctx, "DROP DATABASE IF EXISTS `"+n+"`"); err != nil {
+			return dropped, fmt.Errorf("drop %s: %w", n, err)
+		}
+		dropped = append(dropped, n)
+	}
+	return dropped, nil
 }
 
 func (c *Cluster) dropDatabase() error {

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"database/sql"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -74,7 +75,7 @@ func TestProcessGroupKill(t *testing.T) {
 	}
 	// The orphaned sleep is reparented and reaped by init; wait until it is gone.
 	deadline := time.Now().Add(5 * time.Second)
-	for syscall.Kill(child, 0) == nil {
+	for alive(child) {
 		if time.Now().After(deadline) {
 			_ = syscall.Kill(child, syscall.SIGKILL)
 			t.Fatalf("child %d of the killed process group survived", child)
@@ -109,4 +110,53 @@ func TestStopGracefulThenKill(t *testing.T) {
 	if !q.Exited() {
 		t.Error("stubborn process still runs")
 	}
+}
+
+func TestDropStaleDatabases(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs the database server")
+	}
+	ctx := t.Context()
+	dsn := os.Getenv("BATCHERD_TEST_DSN")
+	if dsn == "" {
+		dsn = DefaultServerDSN
+	}
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	old := "bt_stalecheck_20000101000000_aa"
+	young := "bt_stalecheck_" + time.Now().UTC().Format(dbTimeLayout) + "_bb"
+	other := "bt_stalecheckx_20000101000000_cc" // another prefix: untouched
+	for _, n := range []string{old, young, other} {
+		if _, err := db.ExecContext(ctx, "CREATE DATABASE `"+n+"`"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _, _ = db.Exec("DROP DATABASE IF EXISTS `" + n + "`") })
+	}
+	dropped, err := DropStaleDatabases(ctx, dsn, "bt_stalecheck", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dropped) != 1 || dropped[0] != old {
+		t.Errorf("dropped %v, want [%s]", dropped, old)
+	}
+}
+
+// alive reports whether pid runs (a zombie waiting for a reaper does not count).
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true // no procfs: trust kill(0)
+	}
+	// pid (comm) S ...: the state follows the last ')'.
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] != 'Z'
+	}
+	return true
 }
