@@ -166,7 +166,8 @@ func run(ctx context.Context, cfg config, out io.Writer) (err error) {
 		return err
 	}
 	defer func() {
-		if err == nil && !cfg.keepDB {
+		entries, _ := os.ReadDir(logDir)
+		if (err == nil && !cfg.keepDB) || len(entries) == 0 {
 			os.RemoveAll(logDir)
 		} else {
 			fmt.Fprintf(out, "process logs kept in %s\n", logDir)
@@ -788,5 +789,5 @@ func (d *demo) explainStuck(ctx context.Context) {
 			fmt.Fprintf(d.out, "  batch %d %s %s size %d MR %v error %v\n", b.ID, b.Repo, b.Status, b.Size, deref(b.MRIID), b.Error)
 		}
 	}
-	fmt.Fprintf(d.out, "process logs (tail):\n%s", d.c.LogTail(15))
+	fmt.Fprintf(d.out, "last log lines of each process (full logs below):\n%s", d.c.LogTail(6))
 }

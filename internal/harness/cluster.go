@@ -86,6 +86,11 @@ type Options struct {
 }
 
 // Cluster is a database, a simulator process and batcherd replica processes.
+//
+// Concurrency: Start and AddReplica change Replicas and must not run alongside other
+// calls; everything else (clients, Kill/Stop/Restart/Signal of a replica, metrics,
+// Audit, Verify, LogTail, Close) may be called from several goroutines, except that
+// one replica should not be killed and restarted by two goroutines at once.
 type Cluster struct {
 	Opts     Options
 	Bin      *Binaries
