@@ -727,3 +727,30 @@ func truncateUTF8(s string, n int) string {
 	}
 	return s[:n]
 }
+
+// BatchOperationIDs returns the member operation ids of several batches (from member
+// history), each list sorted — what the batch list of the HTTP API shows. One read per
+// chunk of ids through the member primary key.
+func (s *Store) BatchOperationIDs(ctx context.Context, batchIDs []int64) (map[int64][]string, error) {
+	out := make(map[int64][]string, len(batchIDs))
+	const chunk = 500
+	for lo := 0; lo < len(batchIDs); lo += chunk {
+		ids := batchIDs[lo:min(lo+chunk, len(batchIDs))]
+		q, args, err := sqlx.In(`SELECT batch_id, operation_id FROM merge_batch_member
+			WHERE batch_id IN (?) ORDER BY batch_id, operation_id`, ids)
+		if err != nil {
+			return nil, err
+		}
+		var rows []struct {
+			BatchID     int64  `db:"batch_id"`
+			OperationID string `db:"operation_id"`
+		}
+		if err := s.db.SelectContext(ctx, &rows, q, args...); err != nil {
+			return nil, translate(err)
+		}
+		for _, r := range rows {
+			out[r.BatchID] = append(out[r.BatchID], r.OperationID)
+		}
+	}
+	return out, nil
+}

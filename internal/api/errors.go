@@ -1,0 +1,116 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/batcherd/batcherd/internal/store"
+)
+
+// Error codes of the {"error":{"code","message"}} body. Clients branch on the code;
+// the message is for humans and may change.
+const (
+	codeInvalidRequest       = "invalid_request"
+	codeInvalidJSON          = "invalid_json"
+	codeUnknownField         = "unknown_field"
+	codeUnsupportedMediaType = "unsupported_media_type"
+	codePayloadTooLarge      = "payload_too_large"
+	codeNotFound             = "not_found"
+	codeBindingBusy          = "binding_busy"
+	codeBindingActive        = "binding_active"
+	codeBindingNotActive     = "binding_not_active"
+	codeStale                = "stale"
+	codeConflict             = "conflict"
+	codeIdempotencyReused    = "idempotency_key_reused"
+	codeInternal             = "internal"
+	codeUnavailable          = "unavailable"
+)
+
+// apiError is an error with the HTTP status and code it is answered with.
+type apiError struct {
+	status  int
+	code    string
+	message string
+	header  [2]string // optional extra header (WWW-Authenticate)
+	cause   error     // for logs only, never sent
+}
+
+func (e *apiError) Error() string {
+	if e.cause != nil {
+		return e.code + ": " + e.message + ": " + e.cause.Error()
+	}
+	return e.code + ": " + e.message
+}
+
+func (e *apiError) Unwrap() error { return e.cause }
+
+func errf(status int, code, format string, args ...any) *apiError {
+	return &apiError{status: status, code: code, message: fmt.Sprintf(format, args...)}
+}
+
+func badRequest(format string, args ...any) *apiError {
+	return errf(http.StatusBadRequest, codeInvalidRequest, format, args...)
+}
+
+// toAPIError maps store and handler errors to the documented answers. Anything not
+// recognised is a 500 whose details stay in the log.
+func (s *Server) toAPIError(err error) *apiError {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	wrap := func(status int, code, msg string) *apiError {
+		return &apiError{status: status, code: code, message: msg, cause: err}
+	}
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return wrap(http.StatusNotFound, codeNotFound, "not found")
+	case errors.Is(err, store.ErrIdempotencyKeyReused):
+		return wrap(http.StatusUnprocessableEntity, codeIdempotencyReused,
+			"this Idempotency-Key was first used with a different request")
+	case errors.Is(err, store.ErrBindingActive):
+		return wrap(http.StatusConflict, codeBindingActive, "the binding is already active")
+	case errors.Is(err, store.ErrBindingNotActive):
+		return wrap(http.StatusConflict, codeBindingNotActive, "the binding is not active: "+err.Error())
+	case errors.Is(err, store.ErrBindingBusy):
+		return wrap(http.StatusConflict, codeBindingBusy,
+			"the binding has an application in flight or awaits recovery: "+err.Error())
+	case errors.Is(err, store.ErrStale):
+		return wrap(http.StatusConflict, codeStale, err.Error())
+	case errors.Is(err, store.ErrExpiresInPast):
+		return wrap(http.StatusBadRequest, codeInvalidRequest, "expires_at must be in the future")
+	case errors.Is(err, store.ErrInvalidRequest):
+		return wrap(http.StatusBadRequest, codeInvalidRequest, err.Error())
+	case errors.Is(err, store.ErrLostRace):
+		return wrap(http.StatusConflict, codeConflict, "a concurrent request changed this resource; read it again")
+	case errors.Is(err, store.ErrCommitUnknown):
+		return wrap(http.StatusServiceUnavailable, codeUnavailable,
+			"the database connection broke during commit; read the resource to learn the outcome")
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return wrap(http.StatusServiceUnavailable, codeUnavailable, "request cancelled or timed out")
+	}
+	return wrap(http.StatusInternalServerError, codeInternal, "internal error")
+}
+
+func writeError(w http.ResponseWriter, err *apiError) {
+	if err.header[0] != "" {
+		w.Header().Set(err.header[0], err.header[1])
+	}
+	writeJSON(w, err.status, map[string]any{"error": map[string]string{"code": err.code, "message": err.message}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, body any) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":{"code":"internal","message":"cannot encode response"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}

@@ -1,0 +1,227 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/google/uuid"
+
+	"github.com/batcherd/batcherd/internal/store"
+)
+
+// handleCreateOperation is admission: POST /v1/operations.
+func (s *Server) handleCreateOperation(w http.ResponseWriter, r *http.Request) error {
+	key, hasKey := r.Header["Idempotency-Key"]
+	idemKey := ""
+	if hasKey {
+		idemKey = key[0]
+		if idemKey == "" {
+			return badRequest("Idempotency-Key must not be empty")
+		}
+		if err := validIdemKey(idemKey); err != nil {
+			return err
+		}
+	}
+	body, err := s.readBody(w, r)
+	if err != nil {
+		return err
+	}
+	if body == nil {
+		return errf(http.StatusBadRequest, codeInvalidJSON, "request body is required: a JSON object with subject, target and action")
+	}
+	var req createRequest
+	if err := decodeStrict(body, &req); err != nil {
+		return err
+	}
+	p, err := s.validateCreate(req)
+	if err != nil {
+		return err
+	}
+	if idemKey != "" {
+		p.IdempotencyKey = idemKey
+		p.Fingerprint = fingerprint(p)
+		p.IdempotencyTTL = s.cfg.IdempotencyTTL
+	}
+	op, created, err := s.st.OperationCreate(r.Context(), p)
+	if err != nil {
+		if errors.Is(err, store.ErrLostRace) {
+			// A concurrent application of the same relation committed first.
+			return errf(http.StatusConflict, codeBindingBusy, "a concurrent application for this binding won; read the binding and try again")
+		}
+		return err
+	}
+	status := http.StatusCreated
+	if !created {
+		status = http.StatusOK // the Idempotency-Key was seen: the first request's operation
+	}
+	if created {
+		w.Header().Set("Location", "/v1/operations/"+op.OperationID)
+	}
+	return s.writeOperation(r.Context(), w, status, op)
+}
+
+// validateCreate turns a decoded body into store parameters, or a 400 naming the field.
+func (s *Server) validateCreate(req createRequest) (store.OperationCreateParams, error) {
+	var p store.OperationCreateParams
+	var err error
+	if p.Subject, err = validName("subject", req.Subject); err != nil {
+		return p, err
+	}
+	if p.Target, err = validName("target", req.Target); err != nil {
+		return p, err
+	}
+	if req.Action == nil {
+		return p, badRequest("action is required: grant or revoke")
+	}
+	switch store.Action(*req.Action) {
+	case store.ActionGrant, store.ActionRevoke:
+		p.Action = store.Action(*req.Action)
+	default:
+		return p, badRequest("action must be grant or revoke, got %q", *req.Action)
+	}
+	p.Repo = s.cfg.Repos[0]
+	if req.Repo != nil {
+		if !s.repos[*req.Repo] {
+			return p, badRequest("repo %q is not configured", *req.Repo)
+		}
+		p.Repo = *req.Repo
+	}
+	if p.ExpiresAt, err = parseExpiresAt(req.ExpiresAt); err != nil {
+		return p, err
+	}
+	if p.ExpiresAt != nil && p.Action != store.ActionGrant {
+		return p, badRequest("expires_at applies to grants only")
+	}
+	if p.Attributes, err = canonicalAttributes(req.Attributes); err != nil {
+		return p, err
+	}
+	p.OperationID = uuid.NewString()
+	p.AutoApprove = s.cfg.AutoApprove
+	return p, nil
+}
+
+// opID reads the {id} path value. A value that cannot be an operation id is simply an
+// unknown operation (404), like any id that is not stored.
+func opID(r *http.Request) (string, error) {
+	id := r.PathValue("id")
+	if uuid.Validate(id) != nil || len(id) != 36 {
+		return "", errf(http.StatusNotFound, codeNotFound, "operation %q not found", id)
+	}
+	return id, nil
+}
+
+func (s *Server) handleGetOperation(w http.ResponseWriter, r *http.Request) error {
+	id, err := opID(r)
+	if err != nil {
+		return err
+	}
+	v, err := s.st.OperationGetView(r.Context(), id)
+	if err != nil {
+		return notFoundAs(err, "operation %q not found", id)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"operation": renderOperation(v.Operation, v.MRURL)})
+	return nil
+}
+
+func (s *Server) handleApprove(w http.ResponseWriter, r *http.Request) error {
+	return s.decide(w, r, s.st.OperationApprove)
+}
+
+func (s *Server) handleReject(w http.ResponseWriter, r *http.Request) error {
+	return s.decide(w, r, s.st.OperationReject)
+}
+
+func (s *Server) handleRetry(w http.ResponseWriter, r *http.Request) error {
+	return s.decide(w, r, s.st.OperationRetry)
+}
+
+// decide runs approve, reject or retry. They take no body; one sent is read (bounded)
+// and ignored, so an approval flow that posts a comment is not refused.
+func (s *Server) decide(w http.ResponseWriter, r *http.Request, fn func(context.Context, string) (store.Operation, error)) error {
+	id, err := opID(r)
+	if err != nil {
+		return err
+	}
+	if _, err := s.readBody(w, r); err != nil {
+		return err
+	}
+	op, err := fn(r.Context(), id)
+	if err != nil {
+		if errors.Is(err, store.ErrLostRace) {
+			return errf(http.StatusConflict, codeStale, "the operation or its binding changed concurrently; read it again")
+		}
+		return notFoundAs(err, "operation %q not found", id)
+	}
+	return s.writeOperation(r.Context(), w, http.StatusOK, op)
+}
+
+func (s *Server) handleOperationEvents(w http.ResponseWriter, r *http.Request) error {
+	id, err := opID(r)
+	if err != nil {
+		return err
+	}
+	evs, err := s.st.OperationEvents(r.Context(), id)
+	if err != nil {
+		return notFoundAs(err, "operation %q not found", id)
+	}
+	out := make([]eventObject, 0, len(evs))
+	for _, e := range evs {
+		out = append(out, renderEvent(e))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"events": out})
+	return nil
+}
+
+// writeOperation renders {"operation":{…}} with the MR URL of its batch, if any.
+func (s *Server) writeOperation(ctx context.Context, w http.ResponseWriter, status int, op store.Operation) error {
+	mrURL := ""
+	if op.BatchID != nil {
+		u, err := s.st.BatchMRURL(ctx, *op.BatchID)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		mrURL = u
+	}
+	writeJSON(w, status, map[string]any{"operation": renderOperation(op, mrURL)})
+	return nil
+}
+
+func (s *Server) handleListBindings(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	limit, err := queryLimit(q.Get("limit"), 100, 1000)
+	if err != nil {
+		return err
+	}
+	bs, err := s.st.BindingList(r.Context(), q.Get("subject"), q.Get("target"), limit)
+	if err != nil {
+		return err
+	}
+	out := make([]bindingObject, 0, len(bs))
+	for _, b := range bs {
+		out = append(out, renderBinding(b))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"bindings": out})
+	return nil
+}
+
+// queryLimit parses ?limit=: default def, 1..max.
+func queryLimit(v string, def, max int) (int, error) {
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > max {
+		return 0, badRequest("limit must be an integer from 1 to %d", max)
+	}
+	return n, nil
+}
+
+// notFoundAs gives a store ErrNotFound a message naming what was not found.
+func notFoundAs(err error, format string, args ...any) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return errf(http.StatusNotFound, codeNotFound, format, args...)
+	}
+	return err
+}

@@ -1,0 +1,326 @@
+// Package api is batcherd's HTTP API (DESIGN §6, a contract: other systems and an
+// independent client call it exactly as documented in api/openapi.yaml).
+//
+// Everything here is a thin layer over the store: handlers validate input, call one
+// store method (one transaction) and render the result. The API never holds state of
+// its own, so any replica answers any request. Routing is the standard library's
+// method-and-pattern ServeMux; every path also gets a method-less fallback so a wrong
+// method is a JSON 405, and "/" is a JSON 404.
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/batcherd/batcherd/internal/store"
+)
+
+// Defaults for zero Config fields.
+const (
+	DefaultMaxBodyBytes   = 64 << 10 // 64 KiB: the documented request body limit (413 above it)
+	DefaultIdempotencyTTL = 24 * time.Hour
+)
+
+// Config is the API's share of batcherd's configuration.
+type Config struct {
+	// APITokens may call every /v1 route except /v1/admin/*. AdminTokens may call all.
+	APITokens   []string
+	AdminTokens []string
+	// InsecureNoAuth serves every route without a token (development only).
+	InsecureNoAuth bool
+	// WebhookSecret is the X-Gitlab-Token GitLab sends; empty disables the webhook.
+	WebhookSecret string
+	// Repos are the configured GitLab project paths; the first is the default.
+	Repos []string
+	// AutoApprove admits operations at once, skipping the approve call.
+	AutoApprove bool
+	// IdempotencyTTL is how long an Idempotency-Key is remembered (default 24h).
+	IdempotencyTTL time.Duration
+	// MaxBodyBytes bounds request bodies (default 64 KiB).
+	MaxBodyBytes int64
+}
+
+// Rounds runs a claim round through the same code as the scheduled round.
+// repo "" means every configured repository.
+type Rounds interface {
+	RunRound(ctx context.Context, repo string) (store.ClaimResult, error)
+}
+
+// Settler runs close-then-reread settlement of one batch now.
+type Settler interface {
+	SettleBatch(ctx context.Context, id int64) (store.Batch, error)
+}
+
+// Deps are the API's collaborators.
+type Deps struct {
+	Store *store.Store
+	Log   *slog.Logger
+	// Registry receives the API's collectors and is what /metrics serves. One per
+	// server (never the global default registry): tests run many servers in a process,
+	// and the app registers the other components' collectors on the same one.
+	Registry *prometheus.Registry
+	Rounds   Rounds
+	Settler  Settler
+	// SchemaCheck verifies the live schema (I8) for /readyz; nil skips it.
+	SchemaCheck func(context.Context) error
+}
+
+// Server is the HTTP handler of the API, health and metrics.
+type Server struct {
+	cfg     Config
+	st      *store.Store
+	log     *slog.Logger
+	rounds  Rounds
+	settler Settler
+	schema  func(context.Context) error
+	repos   map[string]bool
+	// Token digests: comparing fixed-size digests in constant time leaks neither the
+	// tokens' contents nor their lengths.
+	apiTokens   [][32]byte
+	adminTokens [][32]byte
+	webhook     [32]byte
+	mux         *http.ServeMux
+	m           *httpMetrics
+	routes      []route
+}
+
+type authLevel int
+
+const (
+	authPublic  authLevel = iota // health, readiness, metrics
+	authWebhook                  // X-Gitlab-Token
+	authAPI                      // API or admin bearer token
+	authAdmin                    // admin bearer token
+)
+
+// route is one registered method+path. The table is also what the OpenAPI test
+// compares with api/openapi.yaml.
+type route struct {
+	method  string
+	path    string
+	auth    authLevel
+	handler func(w http.ResponseWriter, r *http.Request) error
+}
+
+// New builds the server and registers its metrics on deps.Registry.
+func New(cfg Config, deps Deps) (*Server, error) {
+	if deps.Store == nil {
+		return nil, errors.New("api: Deps.Store is required")
+	}
+	if deps.Registry == nil {
+		return nil, errors.New("api: Deps.Registry is required")
+	}
+	if len(cfg.Repos) == 0 {
+		return nil, errors.New("api: at least one repository must be configured")
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.IdempotencyTTL <= 0 {
+		cfg.IdempotencyTTL = DefaultIdempotencyTTL
+	}
+	log := deps.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{
+		cfg: cfg, st: deps.Store, log: log.With("component", "api"),
+		rounds: deps.Rounds, settler: deps.Settler, schema: deps.SchemaCheck,
+		repos: map[string]bool{},
+	}
+	for _, r := range cfg.Repos {
+		s.repos[r] = true
+	}
+	for _, t := range cfg.APITokens {
+		if t = strings.TrimSpace(t); t != "" {
+			s.apiTokens = append(s.apiTokens, sha256.Sum256([]byte(t)))
+		}
+	}
+	for _, t := range cfg.AdminTokens {
+		if t = strings.TrimSpace(t); t != "" {
+			s.adminTokens = append(s.adminTokens, sha256.Sum256([]byte(t)))
+		}
+	}
+	if len(s.apiTokens)+len(s.adminTokens) == 0 && !cfg.InsecureNoAuth {
+		return nil, errors.New("api: no API or admin token configured (set tokens, or InsecureNoAuth for development)")
+	}
+	if cfg.InsecureNoAuth {
+		s.log.Warn("API authentication is disabled (BATCHERD_INSECURE_NO_AUTH=true): anyone who reaches this port can apply for and approve access")
+	}
+	if cfg.WebhookSecret != "" {
+		s.webhook = sha256.Sum256([]byte(cfg.WebhookSecret))
+	}
+	m, err := newHTTPMetrics(deps.Registry, s)
+	if err != nil {
+		return nil, err
+	}
+	s.m = m
+	s.routes = s.routeTable()
+	s.mux = s.buildMux(deps.Registry)
+	return s, nil
+}
+
+func (s *Server) routeTable() []route {
+	return []route{
+		{"POST", "/v1/operations", authAPI, s.handleCreateOperation},
+		{"GET", "/v1/operations/{id}", authAPI, s.handleGetOperation},
+		{"POST", "/v1/operations/{id}/approve", authAPI, s.handleApprove},
+		{"POST", "/v1/operations/{id}/reject", authAPI, s.handleReject},
+		{"POST", "/v1/operations/{id}/retry", authAPI, s.handleRetry},
+		{"GET", "/v1/operations/{id}/events", authAPI, s.handleOperationEvents},
+		{"GET", "/v1/bindings", authAPI, s.handleListBindings},
+		{"GET", "/v1/batches", authAPI, s.handleListBatches},
+		{"GET", "/v1/batches/{id}", authAPI, s.handleGetBatch},
+		{"POST", "/v1/admin/rounds", authAdmin, s.handleAdminRound},
+		{"POST", "/v1/admin/batches/{id}/settle", authAdmin, s.handleAdminSettle},
+		{"POST", "/v1/webhooks/gitlab", authWebhook, s.handleWebhook},
+		{"GET", "/healthz", authPublic, s.handleHealthz},
+		{"GET", "/readyz", authPublic, s.handleReadyz},
+		{"GET", "/metrics", authPublic, nil}, // promhttp, set in buildMux
+	}
+}
+
+func (s *Server) buildMux(reg *prometheus.Registry) *http.ServeMux {
+	mux := http.NewServeMux()
+	methods := map[string][]string{}
+	for _, rt := range s.routes {
+		name := rt.method + " " + rt.path
+		var h http.Handler
+		if rt.handler == nil {
+			h = metricsHandler(reg)
+		} else {
+			h = s.wrap(rt)
+		}
+		mux.Handle(name, s.instrument(name, h))
+		methods[rt.path] = append(methods[rt.path], rt.method)
+	}
+	// A known path with another method: JSON 405 with Allow (the mux's own 405 is text).
+	for path, ms := range methods {
+		if slices.Contains(ms, "GET") {
+			ms = append(ms, "HEAD")
+		}
+		sort.Strings(ms)
+		allow := strings.Join(ms, ", ")
+		mux.Handle(path, s.instrument("405 "+path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			writeError(w, errf(http.StatusMethodNotAllowed, "method_not_allowed", "%s is not allowed on %s; allowed: %s", r.Method, path, allow))
+		})))
+	}
+	mux.Handle("/", s.instrument("unmatched", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, errf(http.StatusNotFound, "not_found", "no such route: %s", r.URL.Path))
+	})))
+	return mux
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// wrap applies authentication, panic recovery and error rendering to one handler.
+func (s *Server) wrap(rt route) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.log.Error("handler panic", "route", rt.method+" "+rt.path, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+				writeError(w, errf(http.StatusInternalServerError, "internal", "internal error"))
+			}
+		}()
+		if err := s.authorize(r, rt.auth); err != nil {
+			writeError(w, err)
+			return
+		}
+		if err := rt.handler(w, r); err != nil {
+			ae := s.toAPIError(err)
+			if ae.status >= 500 {
+				s.log.Error("request failed", "route", rt.method+" "+rt.path, "status", ae.status, "err", err)
+			} else {
+				s.log.Debug("request refused", "route", rt.method+" "+rt.path, "status", ae.status, "code", ae.code, "err", err)
+			}
+			writeError(w, ae)
+		}
+	})
+}
+
+// authorize checks the credentials a route needs. Tokens are never logged.
+func (s *Server) authorize(r *http.Request, level authLevel) *apiError {
+	switch level {
+	case authPublic:
+		return nil
+	case authWebhook:
+		if s.cfg.WebhookSecret == "" {
+			return errf(http.StatusNotFound, "webhook_disabled", "the GitLab webhook is disabled: no webhook secret is configured")
+		}
+		got := r.Header.Get("X-Gitlab-Token")
+		sum := sha256.Sum256([]byte(got))
+		if got == "" || subtle.ConstantTimeCompare(sum[:], s.webhook[:]) != 1 {
+			return errf(http.StatusUnauthorized, "unauthorized", "missing or invalid X-Gitlab-Token")
+		}
+		return nil
+	}
+	if s.cfg.InsecureNoAuth {
+		return nil
+	}
+	tok, ok := bearer(r)
+	if !ok {
+		return errUnauthorized("missing bearer token: send Authorization: Bearer <token>")
+	}
+	sum := sha256.Sum256([]byte(tok))
+	admin := matchAny(sum, s.adminTokens)
+	api := matchAny(sum, s.apiTokens)
+	switch {
+	case admin:
+		return nil
+	case api && level == authAPI:
+		return nil
+	case api:
+		return errf(http.StatusForbidden, "forbidden", "this route needs an admin token")
+	}
+	return errUnauthorized("invalid bearer token")
+}
+
+func errUnauthorized(msg string) *apiError {
+	e := errf(http.StatusUnauthorized, "unauthorized", "%s", msg)
+	e.header = [2]string{"WWW-Authenticate", `Bearer realm="batcherd"`}
+	return e
+}
+
+// matchAny compares against every token without stopping early, so timing does not
+// tell which (or whether any) token matched.
+func matchAny(sum [32]byte, set [][32]byte) bool {
+	found := 0
+	for i := range set {
+		found |= subtle.ConstantTimeCompare(sum[:], set[i][:])
+	}
+	return found == 1
+}
+
+func bearer(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	scheme, tok, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
+}
+
+// pathInt64 parses a positive int64 path value (batch ids).
+func pathInt64(r *http.Request, name string) (int64, bool) {
+	v, err := strconv.ParseInt(r.PathValue(name), 10, 64)
+	return v, err == nil && v > 0
+}

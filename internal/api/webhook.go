@@ -1,0 +1,85 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/batcherd/batcherd/internal/store"
+)
+
+// gitlabEvent is the little of a GitLab webhook payload batcherd reads: enough to find
+// a batch branch. Nothing in it is trusted as the MR's state — it only makes the batch
+// due for reconcile now, and reconcile reads the MR from GitLab itself.
+type gitlabEvent struct {
+	ObjectKind       string `json:"object_kind"`
+	ObjectAttributes struct {
+		SourceBranch string `json:"source_branch"` // merge_request events
+		Ref          string `json:"ref"`           // pipeline events
+	} `json:"object_attributes"`
+	MergeRequest *struct {
+		SourceBranch string `json:"source_branch"`
+	} `json:"merge_request"` // pipeline events for an MR
+}
+
+const branchPrefix = "batcherd/batch-"
+
+// batchIDFromBranch returns the batch id of a batcherd branch, only when the branch
+// is exactly what store.BranchName makes for it.
+func batchIDFromBranch(branch string) (int64, bool) {
+	rest, ok := strings.CutPrefix(branch, branchPrefix)
+	if !ok {
+		return 0, false
+	}
+	id, err := strconv.ParseInt(rest, 10, 64)
+	if err != nil || id <= 0 || store.BranchName(id) != branch {
+		return 0, false
+	}
+	return id, true
+}
+
+// handleWebhook: POST /v1/webhooks/gitlab. Always 204 once authenticated and parsed:
+// GitLab disables hooks that keep failing, and a missed hint costs only latency (the
+// reconcile loop polls anyway).
+func (s *Server) handleWebhook(w http.ResponseWriter, r *http.Request) error {
+	body, err := s.readBody(w, r)
+	if err != nil {
+		return err
+	}
+	var ev gitlabEvent
+	if body != nil {
+		// A field of an unexpected type is not our business (the payload is a hint);
+		// only a body that is not JSON at all is refused.
+		var typ *json.UnmarshalTypeError
+		if err := json.Unmarshal(body, &ev); err != nil && !errors.As(err, &typ) {
+			return decodeError(err)
+		}
+	}
+	var branch string
+	switch ev.ObjectKind {
+	case "merge_request":
+		branch = ev.ObjectAttributes.SourceBranch
+	case "pipeline":
+		branch = ev.ObjectAttributes.Ref
+		if ev.MergeRequest != nil && ev.MergeRequest.SourceBranch != "" {
+			branch = ev.MergeRequest.SourceBranch
+		}
+	}
+	id, ok := batchIDFromBranch(branch)
+	if !ok {
+		s.m.webhooks.WithLabelValues("ignored").Inc()
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	if err := s.st.BatchMarkDue(r.Context(), id); err != nil {
+		s.m.webhooks.WithLabelValues("error").Inc()
+		s.log.Warn("webhook: cannot mark batch due; reconcile will find it on its own schedule", "batch_id", id, "err", err)
+	} else {
+		s.m.webhooks.WithLabelValues("marked_due").Inc()
+		s.log.Debug("webhook: batch marked due", "batch_id", id, "kind", ev.ObjectKind)
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
