@@ -621,8 +621,8 @@ func TestHealthReadyMetrics(t *testing.T) {
 		`batcherd_http_request_duration_seconds_bucket{route="POST /v1/operations"`,
 		`batcherd_operations{status="queued"} 1`,
 		`batcherd_operations{status="merged"} 0`,
-		`batcherd_waiting_requests{repo="group/repo-a"} 1`,
-		`batcherd_waiting_requests{repo="group/repo-b"} 0`,
+		`batcherd_waiting_depth{repo="group/repo-a"} 1`,
+		`batcherd_waiting_depth{repo="group/repo-b"} 0`,
 		`batcherd_waiting_oldest_age_seconds{repo="group/repo-a"}`,
 		`batcherd_metrics_sample_failed 0`,
 	} {

@@ -114,7 +114,7 @@ func newDBCollector(s *Server) *dbCollector {
 	return &dbCollector{
 		s:          s,
 		opsDesc:    prometheus.NewDesc("batcherd_operations", "Operations by status (sampled from the database).", []string{"status"}, nil),
-		depthDesc:  prometheus.NewDesc("batcherd_waiting_requests", "Operations waiting to be claimed, per repository.", []string{"repo"}, nil),
+		depthDesc:  prometheus.NewDesc("batcherd_waiting_depth", "Operations waiting to be claimed, per repository.", []string{"repo"}, nil),
 		oldestDesc: prometheus.NewDesc("batcherd_waiting_oldest_age_seconds", "Age of the oldest waiting operation per repository (database clock).", []string{"repo"}, nil),
 		errDesc:    prometheus.NewDesc("batcherd_metrics_sample_failed", "1 when the last database sample for metrics failed.", nil, nil),
 	}

@@ -179,6 +179,9 @@ func (s *Server) routeTable() []route {
 		{"GET", "/v1/operations/{id}", authAPI, s.handleGetOperation},
 		{"POST", "/v1/operations/{id}/approve", authAPI, s.handleApprove},
 		{"POST", "/v1/operations/{id}/reject", authAPI, s.handleReject},
+		// Retry takes an API token, as DESIGN §6 puts admin-only routes under /v1/admin/*
+		// and retry is not one of them. It grants nothing an API token cannot already
+		// do (approve): it re-queues an operation that was approved and then failed.
 		{"POST", "/v1/operations/{id}/retry", authAPI, s.handleRetry},
 		{"GET", "/v1/operations/{id}/events", authAPI, s.handleOperationEvents},
 		{"GET", "/v1/bindings", authAPI, s.handleListBindings},
