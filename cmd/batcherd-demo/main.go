@@ -197,7 +197,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (err error) {
 	}
 	d.c = c
 	defer func() {
-		fmt.Fprintf(out, "\nstopping %d replica(s) and gitlab-sim (SIGTERM), dropping database %s ...\n", len(c.Live()), c.DBName)
+		fmt.Fprintf(out, "\nstopping %d replica(s) and gitlab-sim (SIGTERM) ...\n", len(c.Live()))
 		if cerr := c.Close(); cerr != nil {
 			fmt.Fprintf(out, "cleanup: %v\n", cerr)
 			if err == nil {
@@ -206,6 +206,8 @@ func run(ctx context.Context, cfg config, out io.Writer) (err error) {
 		}
 		if cfg.keepDB {
 			fmt.Fprintf(out, "database %s kept (-keep-db): BATCHERD_MYSQL_DSN='%s'\n", c.DBName, c.DSN)
+		} else {
+			fmt.Fprintf(out, "dropped database %s\n", c.DBName)
 		}
 	}()
 	d.api = c.Client()

@@ -136,9 +136,6 @@ func newClient(token string, endpoints func() []string) *Client {
 	}
 }
 
-// WithToken returns a client over the same endpoints with another bearer token.
-func (c *Client) WithToken(token string) *Client { return newClient(token, c.endpoints) }
-
 // CloseIdle closes idle keep-alive connections.
 func (c *Client) CloseIdle() { c.http.CloseIdleConnections() }
 

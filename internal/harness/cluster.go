@@ -102,6 +102,8 @@ type Cluster struct {
 
 	serverDSN string
 	simProc   *Process
+	clientsMu sync.Mutex
+	clients   []*Client
 	ownBin    string // temporary binary directory to remove
 	ownLogs   bool
 	closeOnce sync.Once
@@ -219,6 +221,7 @@ func (c *Cluster) Close() error {
 			mu   sync.Mutex
 			wg   sync.WaitGroup
 		)
+		c.closeIdle()
 		for _, r := range c.Replicas {
 			wg.Go(func() {
 				if _, err := r.Stop(c.Opts.StopGrace); err != nil {
@@ -461,10 +464,33 @@ func waitFor(ctx context.Context, p *Process, timeout time.Duration, check func(
 }
 
 // Client is an API client with the API token over every live replica.
-func (c *Cluster) Client() *Client { return newClient(APIToken, c.liveURLs) }
+func (c *Cluster) Client() *Client { return c.track(newClient(APIToken, c.liveURLs)) }
 
 // AdminClient is an API client with the admin token over every live replica.
-func (c *Cluster) AdminClient() *Client { return newClient(AdminToken, c.liveURLs) }
+func (c *Cluster) AdminClient() *Client { return c.track(newClient(AdminToken, c.liveURLs)) }
+
+// track remembers a client so that closeIdle can close its idle connections.
+func (c *Cluster) track(cl *Client) *Client {
+	c.clientsMu.Lock()
+	defer c.clientsMu.Unlock()
+	c.clients = append(c.clients, cl)
+	return cl
+}
+
+// closeIdle closes the idle keep-alive connections of every client the cluster handed
+// out, before a replica is asked to stop. A connection a client dialed but never used
+// is "new" to the server, and http.Server.Shutdown waits up to 5s for such a
+// connection: without this, a graceful stop would take BATCHERD_SHUTDOWN_TIMEOUT.
+func (c *Cluster) closeIdle() {
+	c.clientsMu.Lock()
+	defer c.clientsMu.Unlock()
+	for _, cl := range c.clients {
+		cl.CloseIdle()
+	}
+	for _, r := range c.Replicas {
+		r.http.CloseIdleConnections()
+	}
+}
 
 func (c *Cluster) liveURLs() []string {
 	var out []string

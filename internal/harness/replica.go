@@ -86,10 +86,10 @@ func (r *Replica) Env() []string {
 func (r *Replica) URL() string { return "http://" + r.Addr }
 
 // Client is an API client (API token) of this replica only.
-func (r *Replica) Client() *Client { return NewClient(APIToken, r.URL()) }
+func (r *Replica) Client() *Client { return r.c.track(NewClient(APIToken, r.URL())) }
 
 // AdminClient is an admin-token client of this replica only.
-func (r *Replica) AdminClient() *Client { return NewClient(AdminToken, r.URL()) }
+func (r *Replica) AdminClient() *Client { return r.c.track(NewClient(AdminToken, r.URL())) }
 
 // Process is the current process (nil before the first start).
 func (r *Replica) Process() *Process {
@@ -200,6 +200,7 @@ func (r *Replica) Stop(grace time.Duration) (int, error) {
 	}
 	// A stopped (SIGSTOP) process would ignore SIGTERM until continued.
 	_ = p.Signal(syscall.SIGCONT)
+	r.c.closeIdle()
 	r.c.logf("%s: SIGTERM (pid %d)", r.ID, p.Pid())
 	return p.Stop(grace)
 }
