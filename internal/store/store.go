@@ -60,6 +60,11 @@ var (
 	ErrIdempotencyKeyReused = errors.New("idempotency key reused with a different request")
 )
 
+// errRollback is returned by a withTx callback that decided to roll back as a normal
+// outcome (for example a claim that found nothing to claim). The method that returned
+// it turns it into its answer; it is never a failure and is not counted as one.
+var errRollback = errors.New("store: rolled back by choice")
+
 // MySQL server error numbers the store interprets.
 const (
 	errDupEntry         = 1062
@@ -224,7 +229,7 @@ func translate(err error) error {
 		return nil
 	}
 	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrLostRace) || errors.Is(err, ErrDuplicate) ||
-		errors.Is(err, ErrCommitUnknown) {
+		errors.Is(err, ErrCommitUnknown) || errors.Is(err, errRollback) {
 		return err
 	}
 	if errors.Is(err, sql.ErrNoRows) {
@@ -274,4 +279,3 @@ func mustAffect(res sql.Result, want int64) error {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
-

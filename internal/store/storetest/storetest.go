@@ -98,4 +98,3 @@ func sanitize(s string) string {
 	}
 	return out
 }
-
