@@ -1,0 +1,102 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/batcherd/batcherd/internal/store"
+	"github.com/batcherd/batcherd/internal/store/storetest"
+)
+
+func TestCheckSchemaAcceptsMigratedSchema(t *testing.T) {
+	st, _ := storetest.New(t)
+	rep, err := st.CheckSchema(context.Background())
+	if err != nil {
+		t.Fatalf("CheckSchema on a freshly migrated schema: %v", err)
+	}
+	if len(rep.Problems) != 0 || len(rep.Checked) != 7+1+3 {
+		t.Fatalf("report = %+v", rep)
+	}
+	// The server has at least one of the two isolation variable names; which one
+	// depends on the server, and the report carries it for the log.
+	if rep.TxIsolation == "" && rep.TransactionIsolation == "" {
+		t.Fatalf("no isolation variable read back: %+v", rep)
+	}
+	t.Logf("server %s: tx_isolation=%q transaction_isolation=%q innodb_snapshot_isolation=%q",
+		rep.ServerVersion, rep.TxIsolation, rep.TransactionIsolation, rep.SnapshotIsolation)
+}
+
+// I8: each kind of drift is refused with a message naming the table, the index or
+// column, and what is wrong.
+func TestCheckSchemaRefusesDrift(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		alter []string
+		want  []string
+	}{
+		{
+			name:  "unique replaced by a plain index",
+			alter: []string{"ALTER TABLE merge_batch_request DROP INDEX uk_operation_id, ADD INDEX uk_operation_id (operation_id)"},
+			want:  []string{"merge_batch_request", "uk_operation_id", "not UNIQUE"},
+		},
+		{
+			name:  "unique index missing",
+			alter: []string{"ALTER TABLE audit_event DROP INDEX uk_dedupe"},
+			want:  []string{"audit_event", "uk_dedupe", "missing"},
+		},
+		{
+			name: "long unique turned into HASH",
+			alter: []string{"ALTER TABLE binding DROP INDEX uk_subject_target, " +
+				"MODIFY subject VARCHAR(1000) NOT NULL, MODIFY target VARCHAR(1000) NOT NULL, " +
+				"ADD UNIQUE KEY uk_subject_target (subject, target)"},
+			want: []string{"binding", "uk_subject_target", "HASH"},
+		},
+		{
+			name:  "unique on other columns",
+			alter: []string{"ALTER TABLE binding DROP INDEX uk_subject_target, ADD UNIQUE KEY uk_subject_target (subject)"},
+			want:  []string{"binding", "uk_subject_target", "columns are (subject)"},
+		},
+		{
+			name: "slot column virtual",
+			alter: []string{"ALTER TABLE merge_batch DROP INDEX uk_active_slot, DROP COLUMN active_slot",
+				"ALTER TABLE merge_batch ADD COLUMN active_slot VARCHAR(255) AS (CASE WHEN status IN (1, 4) THEN repo ELSE NULL END) VIRTUAL, " +
+					"ADD UNIQUE KEY uk_active_slot (active_slot)"},
+			want: []string{"merge_batch", "active_slot", "not a STORED"},
+		},
+		{
+			name: "slot expression drifted",
+			alter: []string{"ALTER TABLE merge_batch DROP INDEX uk_active_slot, DROP COLUMN active_slot",
+				"ALTER TABLE merge_batch ADD COLUMN active_slot VARCHAR(255) AS (CASE WHEN status IN (1) THEN repo ELSE NULL END) STORED, " +
+					"ADD UNIQUE KEY uk_active_slot (active_slot)"},
+			want: []string{"merge_batch", "active_slot", "generation expression"},
+		},
+		{
+			name:  "version column missing",
+			alter: []string{"ALTER TABLE binding DROP COLUMN version"},
+			want:  []string{"binding", "version", "missing"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, _ := storetest.New(t)
+			for _, q := range tc.alter {
+				if _, err := st.DB().Exec(q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			rep, err := st.CheckSchema(context.Background())
+			if !errors.Is(err, store.ErrSchemaDrift) {
+				t.Fatalf("CheckSchema after drift = %v, want ErrSchemaDrift", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("error %q does not name %q", err, w)
+				}
+			}
+			if len(rep.Problems) != 1 {
+				t.Fatalf("problems = %q, want exactly the one introduced", rep.Problems)
+			}
+		})
+	}
+}
