@@ -415,3 +415,41 @@ func TestSettleBatchAdmin(t *testing.T) {
 		t.Errorf("SettleBatch of an unknown id: %v", err)
 	}
 }
+
+// TestStalePublisherAfterSuccess: a publisher stalls after opening the MR; its lease
+// lapses, another replica records the same MR and the batch merges. When the stale one
+// wakes up, its guarded write loses and it leaves the merged MR and batch alone.
+func TestStalePublisherAfterSuccess(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{PipelineDuration: 50 * time.Millisecond}, repo)
+	ids := storetest.InsertQueuedOps(t, e.st, repo, 3)
+	a := e.scanner("a", nil)
+	bg := context.Background()
+	res, _ := a.RunRound(bg, repo)
+	paused, resume := make(chan struct{}), make(chan struct{})
+	a.testHook = func(_ context.Context, s string, _ int64) {
+		if s == "publish.mr" {
+			close(paused)
+			<-resume
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.publish.runOnce(bg) }()
+	<-paused
+	time.Sleep(400 * time.Millisecond) // a's publish lease lapses
+	b := e.drive(e.scanner("b", nil), res.BatchID, 10*time.Second)
+	if b.Status != store.BatchSucceeded {
+		t.Fatalf("batch %s", b.Status)
+	}
+	close(resume)
+	if err := <-done; err != nil {
+		t.Fatalf("stale publish pass: %v", err)
+	}
+	b, _ = e.st.BatchGet(bg, res.BatchID)
+	if b.Status != store.BatchSucceeded {
+		t.Fatalf("batch %s after the stale publisher woke", b.Status)
+	}
+	if mrs := e.mrsOf(repo, res.BatchID); len(mrs) != 1 || mrs[0].State != "merged" {
+		t.Errorf("MRs %+v, want one merged", mrs)
+	}
+	e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+}
