@@ -60,7 +60,7 @@ type Config struct {
 	ShutdownTimeout   time.Duration // [20s] bound on finishing the current step after Run's ctx ends
 
 	PublishInterval time.Duration // [5s] poll for batches to publish (Kick and claims wake it sooner)
-	PublishLease    time.Duration // [1m] how long a publisher holds a batch; a crashed publish resumes after it (resuming early is safe: every step is idempotent)
+	PublishLease    time.Duration // [30s] how long a publisher holds a batch; a crashed publish resumes after it (resuming early is safe: every step is idempotent)
 	SettleLease     time.Duration // [1m] how long the timeout sweep / admin settle hold a batch
 	TimeoutInterval time.Duration // [30s]
 	ExpiryInterval  time.Duration // [1m]
@@ -104,7 +104,7 @@ func (c Config) withDefaults() Config {
 	def(&c.BatchTimeout, 30*time.Minute)
 	def(&c.ShutdownTimeout, 20*time.Second)
 	def(&c.PublishInterval, 5*time.Second)
-	def(&c.PublishLease, time.Minute)
+	def(&c.PublishLease, 30*time.Second)
 	def(&c.SettleLease, time.Minute)
 	def(&c.TimeoutInterval, 30*time.Second)
 	def(&c.ExpiryInterval, time.Minute)
