@@ -8,6 +8,7 @@ package store
 // placeholders, never one statement per member.
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -64,6 +65,57 @@ const batchCols = "id, repo, status, version, size, source_branch, mr_iid, mr_ur
 const memberOpCols = "o.id, o.operation_id, o.subject, o.target, o.repo, o.action, o.status, " +
 	"o.version, o.expires_at, COALESCE(o.attributes, '') AS attributes, o.batch_id, o.attempts, o.error_code, " +
 	"o.error_message, o.created_at, o.updated_at"
+
+// The fixed read queries of the batch side, named so the EXPLAIN test checks exactly
+// the text the store runs (export_test.go). The IN-list writes are built per call.
+const (
+	// qWaitingExists: the claim's lock-free precheck (idx_repo_waiting).
+	qWaitingExists = "SELECT EXISTS (SELECT 1 FROM merge_batch_request WHERE repo = ? AND batch_id IS NULL)"
+	// qWaitingRepos: repositories with waiting work (loose scan of idx_repo_waiting).
+	qWaitingRepos = "SELECT DISTINCT repo FROM merge_batch_request WHERE batch_id IS NULL ORDER BY repo LIMIT ?"
+	// qClaimRead: waiting rows of a repository, oldest first (idx_repo_waiting, index
+	// order, no sort). Deliberately without FOR UPDATE (I3).
+	qClaimRead = `SELECT id, operation_id FROM merge_batch_request
+		WHERE repo = ? AND batch_id IS NULL ORDER BY created_at, id LIMIT ?`
+	// qMemberIDs: member history of a batch (primary key prefix).
+	qMemberIDs = "SELECT operation_id FROM merge_batch_member WHERE batch_id = ? ORDER BY operation_id"
+	// qBatchMembers: the member operations publish writes (member PK, then uk_operation_id).
+	qBatchMembers = "SELECT " + memberOpCols + ` FROM merge_batch_member m
+		JOIN operation o ON o.operation_id = m.operation_id
+		WHERE m.batch_id = ? ORDER BY m.operation_id`
+	// qBatchesDue: active batches due for a check (idx_status_next_check).
+	qBatchesDue = "SELECT " + batchCols + ` FROM merge_batch
+		WHERE status IN (1, 4) AND next_check_at <= CURRENT_TIMESTAMP(6)
+		ORDER BY next_check_at, id LIMIT ?`
+	// qBatchesTimedOut: active batches older than the timeout. No ORDER BY: with one,
+	// the optimizer walks the whole primary key in id order instead of the small range
+	// of active statuses; the caller sorts the few rows it gets.
+	qBatchesTimedOut = "SELECT " + batchCols + ` FROM merge_batch
+		WHERE status IN (1, 4) AND created_at < CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+		LIMIT ?`
+	// qFailedWithMR: recently failed batches with an MR (idx_status_updated). updated_at
+	// bounds the index range: a FAILED batch is not written again except by "merged
+	// wins", which moves it out of FAILED, so updated_at == finished_at here.
+	qFailedWithMR = "SELECT " + batchCols + ` FROM merge_batch
+		WHERE status = 3 AND updated_at >= CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+		  AND finished_at >= CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+		  AND mr_iid IS NOT NULL
+		ORDER BY updated_at, id LIMIT ?`
+	// qWaitingStats: depth and oldest age per repository (covering scan of
+	// idx_repo_waiting; a periodic metric, not a hot path).
+	qWaitingStats = `SELECT repo, COUNT(*) AS depth,
+		TIMESTAMPDIFF(MICROSECOND, MIN(created_at), CURRENT_TIMESTAMP(6)) / 1000000 AS oldest_age
+		FROM merge_batch_request WHERE batch_id IS NULL
+		GROUP BY repo ORDER BY repo`
+	// qCleanupWaiting: waiting rows of SUCCEEDED batches finished long enough ago
+	// (idx_status_updated, then idx_batch). No ORDER BY: any chunk will do, and ordering
+	// by r.id makes the optimizer walk the waiting table's primary key instead.
+	qCleanupWaiting = `SELECT r.id FROM merge_batch b
+		JOIN merge_batch_request r ON r.batch_id = b.id
+		WHERE b.status = 2 AND b.updated_at < CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+		  AND b.finished_at < CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+		LIMIT ?`
+)
 
 // Lengths of the bounded text columns written from caller input; longer values are cut
 // rather than refused, because a settle must not fail over the length of a message.
@@ -139,8 +191,7 @@ func (s *Store) Admit(ctx context.Context, operationID, repo string) (bool, erro
 // Runs outside any transaction.
 func (s *Store) WaitingExists(ctx context.Context, repo string) (bool, error) {
 	var ok bool
-	err := s.db.GetContext(ctx, &ok,
-		"SELECT EXISTS (SELECT 1 FROM merge_batch_request WHERE repo = ? AND batch_id IS NULL)", repo)
+	err := s.db.GetContext(ctx, &ok, qWaitingExists, repo)
 	return ok, translate(err)
 }
 
@@ -151,8 +202,7 @@ func (s *Store) WaitingRepos(ctx context.Context, limit int) ([]string, error) {
 		limit = 1000
 	}
 	var repos []string
-	err := s.db.SelectContext(ctx, &repos,
-		"SELECT DISTINCT repo FROM merge_batch_request WHERE batch_id IS NULL ORDER BY repo LIMIT ?", limit)
+	err := s.db.SelectContext(ctx, &repos, qWaitingRepos, limit)
 	return repos, translate(err)
 }
 
@@ -204,10 +254,7 @@ func (s *Store) BatchClaim(ctx context.Context, repo string, max int) (ClaimResu
 
 		var rows []waitingRow
 		// No FOR UPDATE: a locking read would put next-key locks where admissions insert.
-		if err := tx.SelectContext(ctx, &rows,
-			`SELECT id, operation_id FROM merge_batch_request
-			  WHERE repo = ? AND batch_id IS NULL
-			  ORDER BY created_at, id LIMIT ?`, repo, max); err != nil {
+		if err := tx.SelectContext(ctx, &rows, qClaimRead, repo, max); err != nil {
 			return err
 		}
 		if len(rows) == 0 {
@@ -373,8 +420,7 @@ func getBatch(ctx context.Context, q sqlx.QueryerContext, id int64) (Batch, erro
 // memberIDs returns the operation ids of a batch's member history, sorted.
 func memberIDs(ctx context.Context, q sqlx.QueryerContext, batchID int64) ([]string, error) {
 	ids := []string{}
-	err := sqlx.SelectContext(ctx, q, &ids,
-		"SELECT operation_id FROM merge_batch_member WHERE batch_id = ? ORDER BY operation_id", batchID)
+	err := sqlx.SelectContext(ctx, q, &ids, qMemberIDs, batchID)
 	return ids, translate(err)
 }
 
@@ -437,10 +483,7 @@ func (s *Store) BatchList(ctx context.Context, f BatchFilter) ([]Batch, error) {
 // operation_id — what publish needs to write the files.
 func (s *Store) BatchMembers(ctx context.Context, batchID int64) ([]Operation, error) {
 	out := []Operation{}
-	err := s.db.SelectContext(ctx, &out,
-		"SELECT "+memberOpCols+` FROM merge_batch_member m
-		   JOIN operation o ON o.operation_id = m.operation_id
-		  WHERE m.batch_id = ? ORDER BY m.operation_id`, batchID)
+	err := s.db.SelectContext(ctx, &out, qBatchMembers, batchID)
 	return out, translate(err)
 }
 
@@ -451,9 +494,7 @@ func (s *Store) BatchesDue(ctx context.Context, limit int) ([]Batch, error) {
 		limit = 100
 	}
 	out := []Batch{}
-	err := s.db.SelectContext(ctx, &out, "SELECT "+batchCols+` FROM merge_batch
-		WHERE status IN (1, 4) AND next_check_at <= CURRENT_TIMESTAMP(6)
-		ORDER BY next_check_at, id LIMIT ?`, limit)
+	err := s.db.SelectContext(ctx, &out, qBatchesDue, limit)
 	return out, translate(err)
 }
 
@@ -741,9 +782,8 @@ func (s *Store) BatchesTimedOut(ctx context.Context, timeout time.Duration, limi
 		limit = 100
 	}
 	out := []Batch{}
-	err := s.db.SelectContext(ctx, &out, "SELECT "+batchCols+` FROM merge_batch
-		WHERE status IN (1, 4) AND created_at < CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-		ORDER BY id LIMIT ?`, micros(timeout), limit)
+	err := s.db.SelectContext(ctx, &out, qBatchesTimedOut, micros(timeout), limit)
+	slices.SortFunc(out, func(a, b Batch) int { return cmp.Compare(a.ID, b.ID) })
 	return out, translate(err)
 }
 
@@ -754,13 +794,7 @@ func (s *Store) BatchesFailedWithMR(ctx context.Context, within time.Duration, l
 		limit = 100
 	}
 	out := []Batch{}
-	// updated_at bounds the index range: a FAILED batch is not written again except by
-	// "merged wins", which moves it out of FAILED, so updated_at == finished_at here.
-	err := s.db.SelectContext(ctx, &out, "SELECT "+batchCols+` FROM merge_batch
-		WHERE status = 3 AND updated_at >= CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-		  AND finished_at >= CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-		  AND mr_iid IS NOT NULL
-		ORDER BY updated_at, id LIMIT ?`, micros(within), micros(within), limit)
+	err := s.db.SelectContext(ctx, &out, qFailedWithMR, micros(within), micros(within), limit)
 	return out, translate(err)
 }
 
@@ -774,11 +808,7 @@ type RepoWaiting struct {
 // WaitingStats returns waiting depth and oldest waiting age per repository.
 func (s *Store) WaitingStats(ctx context.Context) ([]RepoWaiting, error) {
 	out := []RepoWaiting{}
-	err := s.db.SelectContext(ctx, &out,
-		`SELECT repo, COUNT(*) AS depth,
-		        TIMESTAMPDIFF(MICROSECOND, MIN(created_at), CURRENT_TIMESTAMP(6)) / 1000000 AS oldest_age
-		   FROM merge_batch_request WHERE batch_id IS NULL
-		  GROUP BY repo ORDER BY repo`)
+	err := s.db.SelectContext(ctx, &out, qWaitingStats)
 	return out, translate(err)
 }
 
@@ -796,12 +826,7 @@ func (s *Store) CleanupWaiting(ctx context.Context, olderThan time.Duration, chu
 	// so it equals finished_at); finished_at states the rule.
 	err := s.withTx(ctx, sql.LevelReadCommitted, func(tx *sqlx.Tx) error {
 		var ids []int64
-		if err := tx.SelectContext(ctx, &ids,
-			`SELECT r.id FROM merge_batch b
-			   JOIN merge_batch_request r ON r.batch_id = b.id
-			  WHERE b.status = 2 AND b.updated_at < CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-			    AND b.finished_at < CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-			  ORDER BY r.id LIMIT ?`, micros(olderThan), micros(olderThan), chunk); err != nil {
+		if err := tx.SelectContext(ctx, &ids, qCleanupWaiting, micros(olderThan), micros(olderThan), chunk); err != nil {
 			return err
 		}
 		if len(ids) == 0 {

@@ -1,0 +1,201 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/batcherd/batcherd/internal/store"
+	"github.com/batcherd/batcherd/internal/store/storetest"
+)
+
+// btPlanRow is the part of an EXPLAIN row the test judges.
+type btPlanRow struct {
+	Table, Type, Key, Extra string
+}
+
+func btExplain(t *testing.T, st *store.Store, q string, args ...any) []btPlanRow {
+	t.Helper()
+	rows, err := st.DB().Queryx("EXPLAIN "+q, args...)
+	if err != nil {
+		t.Fatalf("EXPLAIN %s: %v", q, err)
+	}
+	defer rows.Close()
+	var out []btPlanRow
+	for rows.Next() {
+		m := map[string]any{}
+		if err := rows.MapScan(m); err != nil {
+			t.Fatal(err)
+		}
+		str := func(k string) string {
+			switch v := m[k].(type) {
+			case []byte:
+				return string(v)
+			case string:
+				return v
+			case nil:
+				return ""
+			default:
+				return fmt.Sprint(v)
+			}
+		}
+		out = append(out, btPlanRow{Table: str("table"), Type: str("type"), Key: str("key"), Extra: str("Extra")})
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Plans seen on MariaDB 10.11 with this data (go test -v -run Explain prints them):
+//
+//	claim read                 merge_batch_request ref    idx_repo_waiting (index order, no sort)
+//	claim guarded UPDATE       merge_batch_request range  idx_batch (batch_id IS NULL; READ COMMITTED
+//	                                                        unlocks non-matching rows, so I3 holds)
+//	claim operations UPDATE    operation           range  uk_operation_id
+//	precheck / waiting repos   merge_batch_request ref / range idx_repo_waiting (loose scan)
+//	settle batch guard         merge_batch         range  PRIMARY
+//	member history             merge_batch_member  ref    PRIMARY
+//	settle lock members        operation           ref    idx_batch
+//	settle bindings            binding             range  uk_subject_target (row-constructor IN)
+//	settle delete waiting      merge_batch_request range  idx_batch
+//	batches due / timed out    merge_batch         range  idx_status_next_check
+//	failed with MR             merge_batch         range  idx_status_updated
+//	batch members (publish)    member ref PRIMARY → operation eq_ref uk_operation_id
+//	cleanup candidates         merge_batch_request index idx_batch → merge_batch eq_ref PRIMARY
+//	                           (the waiting table is the small side once cleanup runs)
+//	waiting stats (metric)     merge_batch_request ref    idx_batch
+//
+// Every query the batch side runs on a hot path is served by an index: no plan row is a
+// full table scan (type ALL), and the ones named here use the index they were built for.
+// The data set is large and skewed enough that the optimizer would prefer a scan where
+// no index served the query.
+func TestExplainBatchQueries(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := context.Background()
+	const repos = 20
+	for r := 0; r < repos; r++ {
+		repo := fmt.Sprintf("group/repo-%02d", r)
+		storetest.InsertQueuedOps(t, st, repo, 60)
+		storetest.InsertOps(t, st, storetest.Ops{Repo: repo, N: 10, Action: store.ActionRevoke, Admit: true})
+		for round := 0; round < 3; round++ {
+			res := btClaim(t, st, repo, 10, store.ClaimClaimed)
+			var err error
+			if round%2 == 0 {
+				_, err = st.BatchSettleSucceeded(ctx, res.BatchID, store.BatchRunning, 1)
+			} else {
+				_, err = st.BatchSettleFailed(ctx, res.BatchID, store.BatchRunning, 1, "x", "y")
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		btClaim(t, st, repo, 10, store.ClaimClaimed) // one active batch per repository
+	}
+	// Production shape: finished batches accumulate for ever while at most one per
+	// repository is active, so history dwarfs the active set. Add a year of it directly.
+	for lo := 0; lo < 6000; lo += 500 {
+		var vals []string
+		var args []any
+		for i := lo; i < lo+500; i++ {
+			vals = append(vals, "(?, ?, 2, CURRENT_TIMESTAMP(6) - INTERVAL ? HOUR, CURRENT_TIMESTAMP(6) - INTERVAL ? HOUR, CURRENT_TIMESTAMP(6) - INTERVAL ? HOUR, CURRENT_TIMESTAMP(6) - INTERVAL ? HOUR)")
+			status := 2 + i%2
+			args = append(args, fmt.Sprintf("group/repo-%02d", i%repos), status, i+2, i+1, i+1, i+1)
+		}
+		q := "INSERT INTO merge_batch (repo, status, size, created_at, updated_at, finished_at, next_check_at) VALUES " + strings.Join(vals, ",")
+		if _, err := st.DB().Exec(q, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := st.DB().Exec("UPDATE merge_batch SET mr_iid = id WHERE status = 3 AND id % 3 = 0"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tbl := range []string{"merge_batch", "merge_batch_request", "merge_batch_member", "operation", "binding", "audit_event"} {
+		if _, err := st.DB().Exec("ANALYZE TABLE " + tbl); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	const repo = "group/repo-07"
+	var activeID int64
+	if err := st.DB().Get(&activeID, "SELECT id FROM merge_batch WHERE repo = ? AND status = 1", repo); err != nil {
+		t.Fatal(err)
+	}
+	var waitIDs []int64
+	if err := st.DB().Select(&waitIDs, "SELECT id FROM merge_batch_request WHERE repo = ? AND batch_id IS NULL ORDER BY id LIMIT 10", repo); err != nil {
+		t.Fatal(err)
+	}
+	var members []struct {
+		OperationID string `db:"operation_id"`
+		Subject     string `db:"subject"`
+		Target      string `db:"target"`
+	}
+	if err := st.DB().Select(&members, `SELECT o.operation_id, o.subject, o.target FROM merge_batch_member m
+		JOIN operation o ON o.operation_id = m.operation_id WHERE m.batch_id = ? ORDER BY o.operation_id`, activeID); err != nil {
+		t.Fatal(err)
+	}
+	in := func(n int) string { return strings.TrimSuffix(strings.Repeat("?,", n), ",") }
+	var reqArgs, opArgs, triples []any
+	for _, id := range waitIDs {
+		reqArgs = append(reqArgs, id)
+	}
+	for _, m := range members {
+		opArgs = append(opArgs, m.OperationID)
+		triples = append(triples, m.Subject, m.Target, m.OperationID)
+	}
+
+	for _, c := range []struct {
+		name, query, wantKey string
+		args                 []any
+	}{
+		{"claim: waiting rows of a repository, oldest first",
+			store.QClaimRead, "idx_repo_waiting", []any{repo, 10}},
+		{"claim: guarded UPDATE of the waiting rows read",
+			"UPDATE merge_batch_request SET batch_id = 1 WHERE batch_id IS NULL AND id IN (" + in(len(reqArgs)) + ")",
+			"", reqArgs},
+		{"claim: operations queued → in_batch",
+			"UPDATE operation SET status = 'in_batch' WHERE operation_id IN (" + in(len(opArgs)) + ") AND status = 'queued'",
+			"uk_operation_id", opArgs},
+		{"precheck: anything waiting",
+			store.QWaitingExists, "", []any{repo}},
+		{"claim loop: repositories with waiting work",
+			store.QWaitingRepos, "idx_repo_waiting", []any{1000}},
+		{"settle: guarded batch write",
+			"UPDATE merge_batch SET status = 2 WHERE id = ? AND status = 1 AND version = 1", "PRIMARY", []any{activeID}},
+		{"settle/BatchGet: member history of a batch",
+			store.QMemberIDs, "PRIMARY", []any{activeID}},
+		{"settle: lock the members still in the batch",
+			"SELECT operation_id, action, subject, target FROM operation WHERE operation_id IN (" + in(len(opArgs)) +
+				") AND batch_id = ? AND status = 'in_batch' ORDER BY operation_id FOR UPDATE", "", append(append([]any{}, opArgs...), activeID)},
+		{"settle: bindings owned by the members",
+			"UPDATE binding SET status = 'active' WHERE (subject, target, operation_id) IN (" +
+				strings.TrimSuffix(strings.Repeat("(?,?,?),", len(members)), ",") + ") AND status = 'pending'",
+			"uk_subject_target", triples},
+		{"settle failure: waiting rows of the batch",
+			"DELETE FROM merge_batch_request WHERE batch_id = ?", "idx_batch", []any{activeID}},
+		{"reconcile: batches due",
+			store.QBatchesDue, "idx_status_next_check", []any{100}},
+		{"timeout sweep",
+			store.QBatchesTimedOut, "", []any{3600000000, 100}},
+		{"orphan sweep: failed batches with an MR",
+			store.QFailedWithMR, "idx_status_updated", []any{3600000000, 3600000000, 100}},
+		{"publish: batch members",
+			store.QBatchMembers, "PRIMARY", []any{activeID}},
+		{"cleanup: waiting rows of old succeeded batches",
+			store.QCleanupWaiting, "", []any{1, 1, 500}},
+		{"metrics: waiting depth per repository",
+			store.QWaitingStats, "", nil},
+	} {
+		plan := btExplain(t, st, c.query, c.args...)
+		for _, p := range plan {
+			t.Logf("%-50s %-22s type=%-7s key=%-22s %s", c.name, p.Table, p.Type, p.Key, p.Extra)
+			if p.Type == "ALL" {
+				t.Errorf("%s: full scan of %s: %s", c.name, p.Table, c.query)
+			}
+		}
+		if c.wantKey != "" && (len(plan) == 0 || plan[0].Key != c.wantKey) {
+			t.Errorf("%s: plan %+v does not use %s", c.name, plan, c.wantKey)
+		}
+	}
+}

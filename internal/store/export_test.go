@@ -1,0 +1,16 @@
+package store
+
+// Exposes the batch side's fixed queries to the EXPLAIN test (package store_test), so
+// it plans exactly the text the store runs.
+const (
+	QWaitingExists   = qWaitingExists
+	QWaitingRepos    = qWaitingRepos
+	QClaimRead       = qClaimRead
+	QMemberIDs       = qMemberIDs
+	QBatchMembers    = qBatchMembers
+	QBatchesDue      = qBatchesDue
+	QBatchesTimedOut = qBatchesTimedOut
+	QFailedWithMR    = qFailedWithMR
+	QWaitingStats    = qWaitingStats
+	QCleanupWaiting  = qCleanupWaiting
+)
