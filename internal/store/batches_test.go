@@ -983,3 +983,39 @@ func TestSweepReads(t *testing.T) {
 		t.Fatalf("cleanup touched waiting rows: %d left, want 3", n)
 	}
 }
+
+// Batches larger than one IN-list chunk (500 placeholders) are claimed and settled
+// whole: every chunk boundary of the set-based statements is crossed.
+func TestLargeBatchCrossesChunks(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := context.Background()
+	const repo = "group/large"
+	grants := storetest.InsertQueuedOps(t, st, repo, 1100)
+	revokes := storetest.InsertOps(t, st, storetest.Ops{Repo: repo, N: 101, Action: store.ActionRevoke, Admit: true})
+	res := btClaim(t, st, repo, 5000, store.ClaimClaimed)
+	if len(res.OperationIDs) != 1201 {
+		t.Fatalf("claimed %d, want 1201", len(res.OperationIDs))
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM merge_batch_member WHERE batch_id = ?", res.BatchID); n != 1201 {
+		t.Fatalf("%d member rows", n)
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM operation WHERE batch_id = ? AND status = 'in_batch'", res.BatchID); n != 1201 {
+		t.Fatalf("%d operations in the batch", n)
+	}
+	b, err := st.BatchSettleSucceeded(ctx, res.BatchID, store.BatchRunning, 1)
+	if err != nil || len(b.OperationIDs) != 1201 {
+		t.Fatalf("settle = %d members, %v", len(b.OperationIDs), err)
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM operation WHERE batch_id = ? AND status = 'merged'", res.BatchID); n != 1201 {
+		t.Fatalf("%d operations merged, want 1201", n)
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM binding WHERE status = 'active'"); n != len(grants) {
+		t.Fatalf("%d bindings active, want %d", n, len(grants))
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM binding WHERE status = 'closed'"); n != len(revokes) {
+		t.Fatalf("%d bindings closed, want %d", n, len(revokes))
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM audit_event WHERE batch_id = ? AND code = ?", res.BatchID, store.EventMemberMerged); n != 1201 {
+		t.Fatalf("%d member merge events, want 1201", n)
+	}
+}
