@@ -12,6 +12,7 @@ import (
 	"log/slog"
 
 	"github.com/batcherd/batcherd/internal/config"
+	"github.com/batcherd/batcherd/internal/scanner"
 	"github.com/batcherd/batcherd/internal/store"
 )
 
@@ -28,6 +29,9 @@ type Env struct {
 	Log     *slog.Logger
 	Stdout  io.Writer
 	Version string
+	// TuneScanner, when set, adjusts the scanner's configuration before it starts.
+	// Tests use it for sub-second loop intervals; the binary leaves it nil.
+	TuneScanner func(*scanner.Config)
 }
 
 // ErrSchemaDrift marks errors that mean "the live schema lacks a constraint batcherd
