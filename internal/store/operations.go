@@ -3,7 +3,8 @@ package store
 // Operation-side store methods: admission with idempotency, approval, rejection,
 // retry, bindings, expiry and audit events. Each exported method is one transaction
 // through withTx (OperationCreate's idempotency loser adds one re-read of the winner,
-// after its own transaction has rolled back).
+// after its own transaction has rolled back; concurrent OperationCreate calls share
+// one group transaction, admit_group.go).
 //
 // Lock order, everywhere: idempotency key (admission only), then the operation row,
 // then the binding row. The claim and the settlers lock operations before bindings
@@ -85,7 +86,19 @@ var errIdemSeen = errors.New("idempotency key already stored")
 // OperationCreate creates an operation and applies it to its binding (I5) in one
 // transaction. Errors: ErrBindingBusy, ErrBindingActive, ErrBindingNotActive,
 // ErrIdempotencyKeyReused, ErrExpiresInPast, ErrLostRace (concurrent re-application won).
+//
+// Concurrent calls on one Store are coalesced into group transactions (group commit,
+// admit_group.go); each caller gets the answer its own transaction would have given,
+// and whatever a group cannot answer exactly runs through operationCreateSerial.
+// SetAdmitOptions selects another mode for measurements.
 func (s *Store) OperationCreate(ctx context.Context, p OperationCreateParams) (op Operation, created bool, err error) {
+	return s.admit(ctx, p)
+}
+
+// operationCreateSerial is the per-request admission: one transaction for one request,
+// retried a few times when it lost a race. It is the reference the group path is held
+// to and its fallback.
+func (s *Store) operationCreateSerial(ctx context.Context, p OperationCreateParams) (op Operation, created bool, err error) {
 	// A few rounds, because losing is answered best by looking again: a concurrent
 	// application of the same relation that won makes the next round report the
 	// binding's real state (busy, active); a transaction holding our idempotency key

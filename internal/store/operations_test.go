@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -535,4 +536,392 @@ func TestEventRecordDedupe(t *testing.T) {
 	if ok, err := st.EventRecord(ctx, e); ok || err != nil {
 		t.Fatalf("duplicate: %v %v", ok, err)
 	}
+}
+
+// --- group commit of admissions (admit_group.go) ---
+
+// sameOperation reports whether an admission's answer is exactly the stored row.
+func sameOperation(a, b store.Operation) bool {
+	if string(a.Attributes) != string(b.Attributes) {
+		return false
+	}
+	a.Attributes, b.Attributes = nil, nil
+	if (a.ExpiresAt == nil) != (b.ExpiresAt == nil) || (a.ExpiresAt != nil && !a.ExpiresAt.Equal(*b.ExpiresAt)) {
+		return false
+	}
+	a.ExpiresAt, b.ExpiresAt = nil, nil
+	return a.ID == b.ID && a.OperationID == b.OperationID && a.Subject == b.Subject && a.Target == b.Target &&
+		a.Repo == b.Repo && a.Action == b.Action && a.Status == b.Status && a.Version == b.Version &&
+		a.BatchID == nil && b.BatchID == nil && a.Attempts == b.Attempts && a.ErrorCode == b.ErrorCode &&
+		a.ErrorMessage == b.ErrorMessage && a.CreatedAt.Equal(b.CreatedAt) && a.UpdatedAt.Equal(b.UpdatedAt)
+}
+
+type admitCall struct {
+	p       store.OperationCreateParams
+	group   string // what the checks group this call with
+	op      store.Operation
+	created bool
+	err     error
+}
+
+// admissionRace prepares relations in every state, then fires one burst of concurrent
+// admissions through the given stores (replicas on one database) and checks each
+// answer against what a serial execution allows, and the invariants afterwards.
+func admissionRace(t *testing.T, stores []*store.Store, rounds int) {
+	ctx := context.Background()
+	st := stores[0]
+	for round := 0; round < rounds; round++ {
+		pre := "r" + itoa(round) + "-"
+		// Relations in a state each (set serially, through the serial mode of st).
+		const k = 6 // concurrent callers per contested relation
+		rejected := mustCreate(t, st, grant(pre+"rejected", "t"))
+		if _, err := st.OperationReject(ctx, rejected.OperationID); err != nil {
+			t.Fatal(err)
+		}
+		closed := mustCreate(t, st, grant(pre+"closed", "t"))
+		setState(t, st, closed, store.OpMerged, store.BindingClosed)
+		active := mustCreate(t, st, grant(pre+"active", "t"))
+		setState(t, st, active, store.OpMerged, store.BindingActive)
+		mustCreate(t, st, grant(pre+"pending", "t"))
+		stored := grant(pre+"stored", "t")
+		stored.IdempotencyKey, stored.Fingerprint, stored.IdempotencyTTL = pre+"stored-key", "fp-stored", time.Hour
+		storedOp := mustCreate(t, st, stored)
+
+		var calls []*admitCall
+		add := func(group string, p store.OperationCreateParams) {
+			calls = append(calls, &admitCall{p: p, group: group})
+		}
+		for i := 0; i < 40; i++ { // distinct fresh relations: all created
+			p := grant(pre+"fresh-"+itoa(i), "t")
+			p.AutoApprove = i%2 == 0
+			if i%3 == 0 {
+				p.Attributes = json.RawMessage(`{"i":` + itoa(i) + `}`)
+			}
+			if i%4 == 0 {
+				exp := time.Now().Add(time.Hour).Add(123456789 * time.Nanosecond)
+				p.ExpiresAt = &exp
+			}
+			if i%5 == 0 {
+				p.IdempotencyKey, p.Fingerprint, p.IdempotencyTTL = pre+"fresh-key-"+itoa(i), "fp", time.Hour
+			}
+			add("fresh", p)
+		}
+		for i := 0; i < k; i++ {
+			add("absent", grant(pre+"absent", "t")) // one new relation, k first applications
+			p := grant(pre+"rejected", "t")         // re-application of a rejected binding
+			p.AutoApprove = true
+			add("rejected", p)
+			add("closed", grant(pre+"closed", "t"))
+			r := grant(pre+"active", "t") // k revokes of an active binding …
+			r.Action, r.AutoApprove = store.ActionRevoke, i%2 == 0
+			add("active", r)
+			add("active", grant(pre+"active", "t")) // … and grants of it
+			add("pending", grant(pre+"pending", "t"))
+			// One key, the same request k times (each with its own new operation id, as
+			// the API makes them) and once with another request.
+			s := grant(pre+"keyed", "t")
+			s.IdempotencyKey, s.Fingerprint, s.IdempotencyTTL = pre+"key", "fp-a", time.Hour
+			add("key", s)
+			// A stored key: repeats answer the stored operation.
+			rs := grant(pre+"stored", "t")
+			rs.IdempotencyKey, rs.Fingerprint, rs.IdempotencyTTL = pre+"stored-key", "fp-stored", time.Hour
+			add("stored", rs)
+		}
+		o := grant(pre+"keyed-other", "t")
+		o.IdempotencyKey, o.Fingerprint, o.IdempotencyTTL = pre+"key", "fp-b", time.Hour
+		add("key", o)
+		past := time.Now().Add(-time.Minute)
+		e := grant(pre+"past", "t")
+		e.ExpiresAt = &past
+		add("past", e)
+		nr := grant(pre+"nobody", "t")
+		nr.Action = store.ActionRevoke
+		add("nobody", nr)
+		bad := grant(pre+"bad", "t")
+		bad.Action = "steal"
+		add("bad", bad)
+		rev := grant(pre+"bad-exp", "t")
+		rev.Action, rev.ExpiresAt = store.ActionRevoke, &past
+		add("bad", rev)
+
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i, c := range calls {
+			wg.Go(func() {
+				<-start
+				c.op, c.created, c.err = stores[i%len(stores)].OperationCreate(ctx, c.p)
+			})
+		}
+		close(start)
+		wg.Wait()
+
+		byGroup := map[string][]*admitCall{}
+		for _, c := range calls {
+			byGroup[c.group] = append(byGroup[c.group], c)
+			if c.created {
+				got, err := st.OperationGet(ctx, c.op.OperationID)
+				if err != nil || !sameOperation(c.op, got) {
+					t.Fatalf("%s: answer %+v, stored %+v (%v)", c.group, c.op, got, err)
+				}
+				if c.op.OperationID != c.p.OperationID {
+					t.Fatalf("%s: created %s, asked for %s", c.group, c.op.OperationID, c.p.OperationID)
+				}
+				want := 0
+				if c.p.AutoApprove {
+					want = 1
+				}
+				if n := waitingRows(t, st, c.op.OperationID); n != want {
+					t.Fatalf("%s: %d waiting rows for %s, want %d (I4)", c.group, n, c.op.OperationID, want)
+				}
+				evs, err := st.OperationEvents(ctx, c.op.OperationID)
+				if err != nil || len(evs) != 1+want || evs[0].Code != store.EventCreated || (want == 1 && evs[1].Code != store.EventAdmitted) {
+					t.Fatalf("%s: events %+v %v", c.group, evs, err)
+				}
+			} else if c.err == nil && c.group != "key" && c.group != "stored" {
+				t.Fatalf("%s: answered %+v without creating and without error", c.group, c.op)
+			}
+		}
+		for _, c := range byGroup["fresh"] {
+			if !c.created || c.err != nil {
+				t.Fatalf("fresh relation %s: created=%v err=%v", c.p.Subject, c.created, c.err)
+			}
+		}
+		// Contested relations: exactly one winner, the others refused with a 409 answer,
+		// the binding now the winner's (I5: same row, version bumped once when re-applied).
+		oneWinner := func(group string, subject string, ok func(error) bool) string {
+			t.Helper()
+			var winner string
+			for _, c := range byGroup[group] {
+				if c.p.Subject != subject {
+					continue
+				}
+				switch {
+				case c.created:
+					if winner != "" {
+						t.Fatalf("%s: two winners %s and %s", group, winner, c.op.OperationID)
+					}
+					winner = c.op.OperationID
+				case !ok(c.err):
+					t.Fatalf("%s: unexpected answer %v", group, c.err)
+				}
+			}
+			if winner == "" {
+				t.Fatalf("%s: no winner", group)
+			}
+			if b := bindingOf(t, st, subject, "t"); b.OperationID != winner {
+				t.Fatalf("%s: binding %+v, winner %s", group, b, winner)
+			}
+			return winner
+		}
+		busy := func(err error) bool {
+			return errors.Is(err, store.ErrBindingBusy) || errors.Is(err, store.ErrLostRace)
+		}
+		oneWinner("absent", pre+"absent", busy)
+		oneWinner("rejected", pre+"rejected", busy)
+		oneWinner("closed", pre+"closed", busy)
+		oneWinner("active", pre+"active", func(err error) bool { return busy(err) || errors.Is(err, store.ErrBindingActive) })
+		for _, c := range byGroup["active"] {
+			if c.created && c.p.Action != store.ActionRevoke {
+				t.Fatal("a grant of an active binding was created")
+			}
+		}
+		for _, c := range byGroup["pending"] {
+			if c.created || !errors.Is(c.err, store.ErrBindingBusy) {
+				t.Fatalf("pending: created=%v err=%v, want busy", c.created, c.err)
+			}
+		}
+		for _, group := range []string{"rejected", "closed"} {
+			var versions []int64
+			if err := st.DB().Select(&versions, `SELECT version FROM binding WHERE subject = ?`, pre+group); err != nil || len(versions) != 1 || versions[0] != 3 {
+				t.Fatalf("%s binding versions %v %v: want one row re-applied once (version 3)", group, versions, err)
+			}
+		}
+		// One key: exactly one creator; same request → its operation; other request → 422.
+		var keyWinner *admitCall
+		for _, c := range byGroup["key"] {
+			if c.created {
+				if keyWinner != nil {
+					t.Fatal("two creators for one idempotency key")
+				}
+				keyWinner = c
+			}
+		}
+		if keyWinner == nil {
+			t.Fatal("no creator for the key")
+		}
+		for _, c := range byGroup["key"] {
+			switch {
+			case c == keyWinner:
+			case c.p.Fingerprint == keyWinner.p.Fingerprint:
+				if c.err != nil || c.created || c.op.OperationID != keyWinner.op.OperationID {
+					t.Fatalf("key repeat: %+v created=%v err=%v, winner %s", c.op.OperationID, c.created, c.err, keyWinner.op.OperationID)
+				}
+			default:
+				if !errors.Is(c.err, store.ErrIdempotencyKeyReused) {
+					t.Fatalf("key reused with another request: %v", c.err)
+				}
+			}
+		}
+		for _, c := range byGroup["stored"] {
+			if c.err != nil || c.created || c.op.OperationID != storedOp.OperationID {
+				t.Fatalf("stored key: %s created=%v err=%v, want %s", c.op.OperationID, c.created, c.err, storedOp.OperationID)
+			}
+		}
+		if c := byGroup["past"][0]; !errors.Is(c.err, store.ErrExpiresInPast) {
+			t.Fatalf("past expiry: %v", c.err)
+		}
+		if c := byGroup["nobody"][0]; !errors.Is(c.err, store.ErrBindingNotActive) {
+			t.Fatalf("revoke of nobody: %v", c.err)
+		}
+		for _, c := range byGroup["bad"] {
+			if !errors.Is(c.err, store.ErrInvalidRequest) {
+				t.Fatalf("invalid request: %v", c.err)
+			}
+		}
+		// Nothing of a refused request was written; one key row per stored key.
+		var orphans int
+		if err := st.DB().Get(&orphans, `SELECT COUNT(*) FROM operation o LEFT JOIN binding b
+			ON b.subject = o.subject AND b.target = o.target WHERE b.id IS NULL`); err != nil || orphans != 0 {
+			t.Fatalf("operations without a binding: %d %v", orphans, err)
+		}
+		var keys int
+		if err := st.DB().Get(&keys, `SELECT COUNT(*) FROM idempotency_key WHERE idem_key = ?`, pre+"key"); err != nil || keys != 1 {
+			t.Fatalf("key rows = %d %v", keys, err)
+		}
+	}
+	// Every operation that the database holds was answered to exactly one caller (or set
+	// up serially): nothing was written for a refused or repeated request.
+	var dup int
+	if err := st.DB().Get(&dup, `SELECT COUNT(*) FROM (SELECT operation_id FROM merge_batch_request GROUP BY operation_id HAVING COUNT(*) > 1) d`); err != nil || dup != 0 {
+		t.Fatalf("I4: %d operations waiting twice (%v)", dup, err)
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func TestAdmissionGroupedRace(t *testing.T) {
+	st, _ := storetest.New(t)
+	// One group at a time with a short linger, so the burst certainly forms groups with
+	// duplicates and conflicts inside them.
+	st.SetAdmitOptions(store.AdmitOptions{MaxInflight: 1, Linger: 2 * time.Millisecond})
+	admissionRace(t, []*store.Store{st}, 3)
+	s := st.AdmitStats()
+	if s.Grouped <= s.Groups {
+		t.Fatalf("no group held more than one request: %+v", s)
+	}
+	if s.Serial == 0 {
+		t.Fatalf("no request was deferred to the per-request path: %+v", s)
+	}
+	t.Logf("admission stats: %+v", s)
+}
+
+func TestAdmissionGroupedRaceDefaults(t *testing.T) {
+	st, _ := storetest.New(t)
+	admissionRace(t, []*store.Store{st}, 2)
+}
+
+// Three replicas (own pools, own queues) on one database: groups of different stores
+// collide on keys and bindings and fall back to per-request transactions.
+func TestAdmissionGroupedRaceReplicas(t *testing.T) {
+	st, dsn := storetest.New(t)
+	stores := []*store.Store{st}
+	for range 2 {
+		o, err := store.Open(context.Background(), dsn, store.Options{MaxOpenConns: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { o.Close() })
+		o.SetAdmitOptions(store.AdmitOptions{MaxInflight: 2, Linger: time.Millisecond})
+		stores = append(stores, o)
+	}
+	st.SetAdmitOptions(store.AdmitOptions{MaxInflight: 2, Linger: time.Millisecond})
+	admissionRace(t, stores, 3)
+	var fb int64
+	for _, s := range stores {
+		fb += s.AdmitStats().Fallbacks
+	}
+	t.Logf("group fallbacks across replicas: %d", fb)
+}
+
+func TestAdmissionModesAgree(t *testing.T) {
+	for _, m := range []store.AdmitMode{store.AdmitSingle, store.AdmitSerial} {
+		t.Run(m.String(), func(t *testing.T) {
+			st, _ := storetest.New(t)
+			st.SetAdmitOptions(store.AdmitOptions{Mode: m})
+			admissionRace(t, []*store.Store{st}, 1)
+		})
+	}
+}
+
+func TestAdmissionCanceledContext(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	p := grant("nora", "t")
+	if _, _, err := st.OperationCreate(ctx, p); !errors.Is(err, context.Canceled) {
+		t.Fatalf("canceled: %v", err)
+	}
+	if _, err := st.OperationGet(context.Background(), p.OperationID); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a canceled admission was written: %v", err)
+	}
+}
+
+// A group whose guarded binding write loses (the binding moved between the group's
+// read and its write) rolls back whole and every caller is answered by its own
+// transaction: the re-application that still can win wins, nothing is half-written.
+func TestAdmissionGroupFallbackOnConcurrentWriter(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := context.Background()
+	st.SetAdmitOptions(store.AdmitOptions{MaxInflight: 1, Linger: time.Millisecond})
+	const n = 20
+	var ops []store.Operation
+	for i := 0; i < n; i++ {
+		op := mustCreate(t, st, grant("olga-"+itoa(i), "t"))
+		if _, err := st.OperationReject(ctx, op.OperationID); err != nil {
+			t.Fatal(err)
+		}
+		ops = append(ops, op)
+	}
+	// Bump every rejected binding's version over and over while re-applications race.
+	stop := make(chan struct{})
+	var bumps sync.WaitGroup
+	bumps.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := st.DB().Exec(`UPDATE binding SET version = version + 1 WHERE subject LIKE 'olga-%' AND status = 'rejected'`); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	var wg sync.WaitGroup
+	results := make([]error, n)
+	for i := 0; i < n; i++ {
+		wg.Go(func() {
+			_, _, results[i] = st.OperationCreate(ctx, grant("olga-"+itoa(i), "t"))
+		})
+	}
+	wg.Wait()
+	close(stop)
+	bumps.Wait()
+	for i, err := range results {
+		b := bindingOf(t, st, "olga-"+itoa(i), "t")
+		switch {
+		case err == nil:
+			if b.Status != store.BindingPending || b.OperationID == ops[i].OperationID {
+				t.Fatalf("created but binding %+v", b)
+			}
+		case errors.Is(err, store.ErrLostRace):
+			if b.Status != store.BindingRejected {
+				t.Fatalf("lost but binding %+v", b)
+			}
+		default:
+			t.Fatalf("re-application %d: %v", i, err)
+		}
+	}
+	t.Logf("admission stats: %+v", st.AdmitStats())
 }
