@@ -2,6 +2,7 @@ package harness
 
 import (
 	"database/sql"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -126,16 +127,19 @@ func TestDropStaleDatabases(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	old := "bt_stalecheck_20000101000000_aa"
-	young := "bt_stalecheck_" + time.Now().UTC().Format(dbTimeLayout) + "_bb"
-	other := "bt_stalecheckx_20000101000000_cc" // another prefix: untouched
+	// A prefix unique to this run: concurrent test runs on one server must not see
+	// each other's databases.
+	prefix := fmt.Sprintf("bt_stale%d", time.Now().UnixNano()%1e9)
+	old := prefix + "_20000101000000_aa"
+	young := prefix + "_" + time.Now().UTC().Format(dbTimeLayout) + "_bb"
+	other := prefix + "x_20000101000000_cc" // another prefix: untouched
 	for _, n := range []string{old, young, other} {
 		if _, err := db.ExecContext(ctx, "CREATE DATABASE `"+n+"`"); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _, _ = db.Exec("DROP DATABASE IF EXISTS `" + n + "`") })
 	}
-	dropped, err := DropStaleDatabases(ctx, dsn, "bt_stalecheck", time.Hour)
+	dropped, err := DropStaleDatabases(ctx, dsn, prefix, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
