@@ -68,6 +68,7 @@ type env struct {
 	rounds    *fakeRounds
 	settler   *fakeSettler
 	schemaErr atomic.Value // error
+	kicks     atomic.Int64 // scanner wake-ups asked for by webhooks
 }
 
 func newEnv(t *testing.T, mut func(*Config)) *env {
@@ -83,6 +84,7 @@ func newEnv(t *testing.T, mut func(*Config)) *env {
 	}
 	s, err := New(cfg, Deps{
 		Store: st, Registry: prometheus.NewRegistry(), Rounds: e.rounds, Settler: e.settler,
+		Kick: func() { e.kicks.Add(1) },
 		SchemaCheck: func(context.Context) error {
 			if v, _ := e.schemaErr.Load().(error); v != nil {
 				return v
@@ -459,8 +461,11 @@ func TestBatchesRoundsSettleWebhook(t *testing.T) {
 	if r := hook(hookSecret, "feature/x"); r.status != 204 || due() {
 		t.Fatalf("webhook for another branch: %d %s", r.status, r.raw)
 	}
-	if r := hook(hookSecret, store.BranchName(res2.BatchID)); r.status != 204 || !due() {
-		t.Fatalf("webhook: %d %s due=%v", r.status, r.raw, due())
+	if e.kicks.Load() != 0 {
+		t.Fatalf("rejected or ignored webhooks woke the scanner %d time(s)", e.kicks.Load())
+	}
+	if r := hook(hookSecret, store.BranchName(res2.BatchID)); r.status != 204 || !due() || e.kicks.Load() != 1 {
+		t.Fatalf("webhook: %d %s due=%v kicks=%d", r.status, r.raw, due(), e.kicks.Load())
 	}
 	// The payload is never trusted as state: "merged" in it changed nothing else.
 	if bb, _ := e.st.BatchGet(ctx, res2.BatchID); bb.Status != store.BatchRunning {

@@ -76,6 +76,8 @@ type Deps struct {
 	Settler  Settler
 	// SchemaCheck verifies the live schema (I8) for /readyz; nil skips it.
 	SchemaCheck func(context.Context) error
+	// Kick, when set, wakes the scanner's publish and reconcile loops (webhook hints).
+	Kick func()
 }
 
 // Server is the HTTP handler of the API, health and metrics.
@@ -86,6 +88,7 @@ type Server struct {
 	rounds  Rounds
 	settler Settler
 	schema  func(context.Context) error
+	kick    func()
 	repos   map[string]bool
 	// Token digests: comparing fixed-size digests in constant time leaks neither the
 	// tokens' contents nor their lengths.
@@ -138,7 +141,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, st: deps.Store, log: log.With("component", "api"),
-		rounds: deps.Rounds, settler: deps.Settler, schema: deps.SchemaCheck,
+		rounds: deps.Rounds, settler: deps.Settler, schema: deps.SchemaCheck, kick: deps.Kick,
 		repos: map[string]bool{},
 	}
 	for _, r := range cfg.Repos {

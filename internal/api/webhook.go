@@ -79,6 +79,11 @@ func (s *Server) handleWebhook(w http.ResponseWriter, r *http.Request) error {
 	} else {
 		s.m.webhooks.WithLabelValues("marked_due").Inc()
 		s.log.Debug("webhook: batch marked due", "batch_id", id, "kind", ev.ObjectKind)
+		// Wake this replica's reconcile loop: the batch is due now, and waiting for the
+		// next tick would waste the hint. Other replicas find it on their own tick.
+		if s.kick != nil {
+			s.kick()
+		}
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil

@@ -28,6 +28,7 @@ func (a *App) handler() (http.Handler, error) {
 		Rounds:      a.sc,
 		Settler:     a.sc,
 		SchemaCheck: a.readiness(),
+		Kick:        a.sc.Kick,
 	})
 }
 
