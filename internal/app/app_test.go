@@ -204,3 +204,57 @@ func TestServeRefusesSchemaDrift(t *testing.T) {
 		t.Fatalf("error does not name the index: %v", err)
 	}
 }
+
+// TestSecretsNeverLogged starts a replica with every secret set and checks that none of
+// them appears in what it logs, while the configuration line says they are set.
+func TestSecretsNeverLogged(t *testing.T) {
+	_, dsn := storetest.New(t)
+	sim := gitlabsim.New(gitlabsim.Options{Projects: []string{"g/p"}})
+	if err := sim.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	cfg := testConfig(t, dsn, sim.URL(), "g/p")
+	cfg.WebhookSecret = "webhook-secret-value"
+	var buf syncBuffer
+	log, _ := logging.New(&buf, "json", "debug")
+	a, err := app.New(context.Background(), cfg, app.Env{Log: log, Stdout: io.Discard, TuneScanner: fast})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	call(t, "GET", "http://"+a.Addr()+"/readyz", "", nil, nil)
+	call(t, "POST", "http://"+a.Addr()+"/v1/operations", "wrong-token", map[string]any{"subject": "s", "target": "t", "action": "grant"}, nil)
+	time.Sleep(300 * time.Millisecond)
+	cancel()
+	<-done
+	out := buf.String()
+	if !strings.Contains(out, `"BATCHERD_GITLAB_TOKEN":"<set>"`) {
+		t.Fatalf("configuration line missing or secret not masked:\n%s", out)
+	}
+	pass := strings.SplitN(strings.SplitN(dsn, "@", 2)[0], ":", 2)[1]
+	for _, secret := range []string{"sim-token", apiToken, adminToken, "webhook-secret-value", pass + "@"} {
+		if strings.Contains(out, secret) {
+			t.Errorf("log output contains the secret %q", secret)
+		}
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

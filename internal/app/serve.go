@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -49,6 +50,19 @@ func New(ctx context.Context, cfg *config.Config, env Env) (*App, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("replica", cfg.ReplicaID)
+	// The effective configuration, secrets masked, so an operator can see what a replica
+	// actually runs with.
+	red := cfg.Redacted()
+	keys := make([]string, 0, len(red))
+	for k := range red {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	attrs := make([]any, 0, 2*len(keys))
+	for _, k := range keys {
+		attrs = append(attrs, k, red[k])
+	}
+	log.Info("configuration", attrs...)
 	if cfg.InsecureNoAuth {
 		log.Warn("BATCHERD_INSECURE_NO_AUTH=true: the API accepts requests without a token; never run like this in production")
 	}
