@@ -35,19 +35,41 @@ type ClaimResult struct {
 	Outcome      ClaimOutcome
 	BatchID      int64    // set when Outcome == ClaimClaimed
 	OperationIDs []string // claimed members, oldest first
+	// The claim group taken (failure isolation): "" is the ordinary queue; Kind is
+	// first_try, retry_<class> or bisect; ParentID the failed batch it comes from.
+	Group    string
+	Kind     string
+	ParentID *int64
+	Depth    int
 }
 
 // Audit event codes written by the batch side. Batch events carry batch_id only; member
 // events carry both the operation and the batch, so an operation's history explains
-// which round it went through and how that round ended.
+// which round it went through and how that round ended. A member of a failed batch gets
+// batch_failed and then one outcome event: failed (with the reason), retry_<class>,
+// bisected, culprit, closed_by_user or max_attempts (bisect.go).
 const (
-	EventBatchClaimed  = "batch_claimed"
-	EventBatchBlocked  = "batch_blocked"
-	EventBatchMerged   = "batch_merged"
-	EventBatchFailed   = "batch_failed"
-	EventMemberClaimed = "in_batch"
-	EventMemberMerged  = "merged"
-	EventMemberFailed  = "failed"
+	EventBatchClaimed    = "batch_claimed"
+	EventBatchBlocked    = "batch_blocked"
+	EventBatchMerged     = "batch_merged"
+	EventBatchFailed     = "batch_failed"
+	EventMemberClaimed   = "claimed"
+	EventMemberPublished = "published"
+	EventMemberMerged    = "merged"
+	EventMemberFailed    = "failed"
+	// EventMemberBatchFailed: the member's batch failed (detail: class and message).
+	EventMemberBatchFailed = "batch_failed"
+	// EventBystander: the member merged in a bisection half after an earlier batch of
+	// it failed: it was not the culprit.
+	EventBystander = "bystander"
+)
+
+// Claim group kinds (merge_batch_request.kind, merge_batch.kind).
+const (
+	KindFirstTry = "first_try"
+	KindBisect   = "bisect"
+	// KindRetryPrefix + failure class, e.g. retry_infra: the same members again.
+	KindRetryPrefix = "retry_"
 )
 
 // maxInPlaceholders bounds the placeholders of one statement. Batches can be large, and
@@ -57,7 +79,8 @@ const maxInPlaceholders = 500
 // batchCols lists merge_batch's columns except the generated active_slot, which Batch
 // does not carry (sqlx refuses a column without a destination).
 const batchCols = "id, repo, status, version, size, source_branch, mr_iid, mr_url, mr_sha, " +
-	"next_check_at, error_code, error_message, created_at, updated_at, finished_at"
+	"next_check_at, error_code, error_message, created_at, updated_at, finished_at, " +
+	"kind, grp, parent_id, depth, fail_class"
 
 // memberOpCols lists operation's columns as Operation carries them, prefixed for joins.
 // attributes is NULL when the application had none, and json.RawMessage cannot scan
@@ -73,10 +96,14 @@ const (
 	qWaitingExists = "SELECT EXISTS (SELECT 1 FROM merge_batch_request WHERE repo = ? AND batch_id IS NULL)"
 	// qWaitingRepos: repositories with waiting work (loose scan of idx_repo_waiting).
 	qWaitingRepos = "SELECT DISTINCT repo FROM merge_batch_request WHERE batch_id IS NULL ORDER BY repo LIMIT ?"
-	// qClaimRead: waiting rows of a repository, oldest first (idx_repo_waiting, index
-	// order, no sort). Deliberately without FOR UPDATE (I3).
-	qClaimRead = `SELECT id, operation_id FROM merge_batch_request
-		WHERE repo = ? AND batch_id IS NULL ORDER BY created_at, id LIMIT ?`
+	// qClaimHead: the claim group of the oldest waiting row of a repository
+	// (idx_repo_waiting, index order). Without FOR UPDATE (I3).
+	qClaimHead = `SELECT grp FROM merge_batch_request
+		WHERE repo = ? AND batch_id IS NULL ORDER BY created_at, id LIMIT 1`
+	// qClaimRead: waiting rows of one group of a repository, oldest first
+	// (idx_repo_group_waiting, index order, no sort). Deliberately without FOR UPDATE (I3).
+	qClaimRead = `SELECT id, operation_id, kind, parent_id, depth, half, retries, tries FROM merge_batch_request
+		WHERE repo = ? AND batch_id IS NULL AND grp = ? ORDER BY created_at, id LIMIT ?`
 	// qMemberIDs: member history of a batch (primary key prefix).
 	qMemberIDs = "SELECT operation_id FROM merge_batch_member WHERE batch_id = ? ORDER BY operation_id"
 	// qBatchMembers: the member operations publish writes (member PK, then uk_operation_id).
@@ -210,6 +237,12 @@ func (s *Store) WaitingRepos(ctx context.Context, limit int) ([]string, error) {
 type waitingRow struct {
 	ID          int64  `db:"id"`
 	OperationID string `db:"operation_id"`
+	Kind        string `db:"kind"`
+	ParentID    *int64 `db:"parent_id"`
+	Depth       int    `db:"depth"`
+	Half        int    `db:"half"`
+	Retries     int    `db:"retries"`
+	Tries       int    `db:"tries"`
 }
 
 // BatchClaim claims up to max waiting requests of repo into a new RUNNING batch, in one
@@ -252,9 +285,21 @@ func (s *Store) BatchClaim(ctx context.Context, repo string, max int) (ClaimResu
 			return err
 		}
 
-		var rows []waitingRow
+		// The claim takes one group: the group of the oldest waiting row. The ordinary
+		// queue is group ""; a failed batch's retry or bisection halves are their own
+		// groups, and their rows keep their created_at, so they come before anything
+		// admitted after them (bystanders keep their queue position).
 		// No FOR UPDATE: a locking read would put next-key locks where admissions insert.
-		if err := tx.SelectContext(ctx, &rows, qClaimRead, repo, max); err != nil {
+		var grp string
+		if err := tx.GetContext(ctx, &grp, qClaimHead, repo); err != nil {
+			if errors.Is(err, sql.ErrNoRows) {
+				res.Outcome = ClaimNothingToClaim
+				return errRollback
+			}
+			return err
+		}
+		var rows []waitingRow
+		if err := tx.SelectContext(ctx, &rows, qClaimRead, repo, grp, max); err != nil {
 			return err
 		}
 		if len(rows) == 0 {
@@ -264,15 +309,20 @@ func (s *Store) BatchClaim(ctx context.Context, repo string, max int) (ClaimResu
 		}
 		reqIDs := make([]int64, len(rows))
 		opIDs := make([]string, len(rows))
+		why := make(map[string]string, len(rows))
 		for i, w := range rows {
 			reqIDs[i], opIDs[i] = w.ID, w.OperationID
+			why[w.OperationID] = w.why()
 		}
+		head := rows[0]
 		if s.Hooks != nil && s.Hooks.ClaimAfterRead != nil {
 			s.Hooks.ClaimAfterRead(ctx, batchID, slices.Clone(reqIDs))
 		}
 
 		// I2: claim only rows still unclaimed; any shortfall means another transaction
-		// got some of them between our read and this write, so nothing is kept.
+		// got some of them between our read and this write, so nothing is kept. The
+		// charged-attempt counter moves with the claim, except for bisection rounds
+		// (a bisection narrows down someone else's failure; MAX_ATTEMPTS does not pay it).
 		sortedReq := slices.Clone(reqIDs)
 		slices.Sort(sortedReq)
 		var claimed int64
@@ -283,7 +333,7 @@ func (s *Store) BatchClaim(ctx context.Context, repo string, max int) (ClaimResu
 				args = append(args, id)
 			}
 			r, err := tx.ExecContext(ctx,
-				"UPDATE merge_batch_request SET batch_id = ? WHERE batch_id IS NULL AND id IN ("+
+				"UPDATE merge_batch_request SET batch_id = ?, tries = tries + (kind <> '"+KindBisect+"') WHERE batch_id IS NULL AND id IN ("+
 					inPlaceholders(hi-lo)+")", args...)
 			if err != nil {
 				return err
@@ -313,7 +363,7 @@ func (s *Store) BatchClaim(ctx context.Context, repo string, max int) (ClaimResu
 			}
 			args = append(args, OpQueued)
 			r, err := tx.ExecContext(ctx,
-				`UPDATE operation SET status = ?, batch_id = ?,
+				`UPDATE operation SET status = ?, batch_id = ?, attempts = attempts + 1,
 				        version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
 				  WHERE operation_id IN (`+inPlaceholders(hi-lo)+`) AND status = ?`, args...)
 			if err != nil {
@@ -330,25 +380,30 @@ func (s *Store) BatchClaim(ctx context.Context, repo string, max int) (ClaimResu
 			return errRollback
 		}
 
-		// Member history, multi-row INSERTs (two placeholders per row).
-		if err := forChunks(len(sortedOps), maxInPlaceholders/2, func(lo, hi int) error {
-			args := make([]any, 0, 2*(hi-lo))
+		// Member history with why each member is in this round, multi-row INSERTs
+		// (three placeholders per row).
+		if err := forChunks(len(sortedOps), maxInPlaceholders/3, func(lo, hi int) error {
+			args := make([]any, 0, 3*(hi-lo))
 			for _, id := range sortedOps[lo:hi] {
-				args = append(args, batchID, id)
+				args = append(args, batchID, id, truncRunes(why[id], whyLen))
 			}
 			_, err := tx.ExecContext(ctx,
-				"INSERT INTO merge_batch_member (batch_id, operation_id) VALUES "+
-					strings.TrimSuffix(strings.Repeat("(?,?),", hi-lo), ","), args...)
+				"INSERT INTO merge_batch_member (batch_id, operation_id, why) VALUES "+
+					strings.TrimSuffix(strings.Repeat("(?,?,?),", hi-lo), ","), args...)
 			return err
 		}); err != nil {
 			return err
 		}
 
 		// The batch row is still invisible to everyone else, so this write needs no
-		// version guard or bump.
+		// version guard or bump. A group is uniform in kind, parent and depth.
+		kind := head.Kind
+		if grp == "" {
+			kind = KindFirstTry
+		}
 		r, err = tx.ExecContext(ctx,
-			"UPDATE merge_batch SET size = ?, source_branch = ? WHERE id = ?",
-			len(rows), BranchName(batchID), batchID)
+			"UPDATE merge_batch SET size = ?, source_branch = ?, kind = ?, grp = ?, parent_id = ?, depth = ? WHERE id = ?",
+			len(rows), BranchName(batchID), kind, grp, head.ParentID, head.Depth, batchID)
 		if err != nil {
 			return err
 		}
@@ -356,16 +411,28 @@ func (s *Store) BatchClaim(ctx context.Context, repo string, max int) (ClaimResu
 			return err
 		}
 
-		if err := recordBatchEvents(ctx, tx, batchID, EventBatchClaimed, "claimed",
-			fmt.Sprintf("claimed %d operation(s) of %s", len(rows), repo),
-			EventMemberClaimed, sortedOps, fmt.Sprintf("claimed into batch %d", batchID)); err != nil {
+		round := "first try"
+		if grp != "" {
+			round = head.why()
+		}
+		evs := make([]memberEvent, len(sortedOps))
+		for i, id := range sortedOps {
+			evs[i] = memberEvent{op: id, code: EventMemberClaimed, verb: "claimed",
+				detail: fmt.Sprintf("claimed into batch %d: %s", batchID, why[id])}
+		}
+		if err := recordBatchEvent(ctx, tx, batchID, EventBatchClaimed, "claimed",
+			fmt.Sprintf("claimed %d operation(s) of %s (%s)", len(rows), repo, round)); err != nil {
+			return err
+		}
+		if err := insertMemberEvents(ctx, tx, batchID, evs); err != nil {
 			return err
 		}
 
 		if s.Hooks != nil && s.Hooks.ClaimAfterUpdate != nil {
 			s.Hooks.ClaimAfterUpdate(ctx, batchID)
 		}
-		res = ClaimResult{Outcome: ClaimClaimed, BatchID: batchID, OperationIDs: opIDs}
+		res = ClaimResult{Outcome: ClaimClaimed, BatchID: batchID, OperationIDs: opIDs,
+			Group: grp, Kind: kind, ParentID: head.ParentID, Depth: head.Depth}
 		return nil
 	})
 	switch {
@@ -390,18 +457,39 @@ func (s *Store) BatchClaim(ctx context.Context, repo string, max int) (ClaimResu
 // duplicate can only be a replay of the same fact.
 func recordBatchEvents(ctx context.Context, tx *sqlx.Tx, batchID int64, batchCode, verb, batchDetail,
 	memberCode string, opIDs []string, memberDetail string) error {
-	if _, err := tx.ExecContext(ctx,
-		`INSERT IGNORE INTO audit_event (dedupe_key, batch_id, code, detail) VALUES (?, ?, ?, ?)`,
-		fmt.Sprintf("batch:%d:%s", batchID, verb), batchID, batchCode,
-		truncRunes(batchDetail, auditDetailLen)); err != nil {
+	if err := recordBatchEvent(ctx, tx, batchID, batchCode, verb, batchDetail); err != nil {
 		return err
 	}
-	detail := truncRunes(memberDetail, auditDetailLen)
+	evs := make([]memberEvent, len(opIDs))
+	for i, id := range opIDs {
+		evs[i] = memberEvent{op: id, code: memberCode, verb: verb, detail: memberDetail}
+	}
+	return insertMemberEvents(ctx, tx, batchID, evs)
+}
+
+// recordBatchEvent appends the batch-level event of a transition (INSERT IGNORE).
+func recordBatchEvent(ctx context.Context, tx *sqlx.Tx, batchID int64, code, verb, detail string) error {
+	_, err := tx.ExecContext(ctx,
+		`INSERT IGNORE INTO audit_event (dedupe_key, batch_id, code, detail) VALUES (?, ?, ?, ?)`,
+		fmt.Sprintf("batch:%d:%s", batchID, verb), batchID, code, truncRunes(detail, auditDetailLen))
+	return err
+}
+
+// memberEvent is one member's event of a batch transition. Its dedupe key is
+// op:<operation>:batch:<batch>:<verb>: one fact per member, batch and transition.
+type memberEvent struct {
+	op, code, verb, detail string
+}
+
+// insertMemberEvents appends member events set-based: multi-row INSERT IGNORE, one
+// statement per chunk, never one per member.
+func insertMemberEvents(ctx context.Context, tx *sqlx.Tx, batchID int64, evs []memberEvent) error {
 	const perRow = 5
-	return forChunks(len(opIDs), maxInPlaceholders/perRow, func(lo, hi int) error {
+	return forChunks(len(evs), maxInPlaceholders/perRow, func(lo, hi int) error {
 		args := make([]any, 0, perRow*(hi-lo))
-		for _, id := range opIDs[lo:hi] {
-			args = append(args, fmt.Sprintf("op:%s:batch:%d:%s", id, batchID, verb), id, batchID, memberCode, detail)
+		for _, e := range evs[lo:hi] {
+			args = append(args, fmt.Sprintf("op:%s:batch:%d:%s", e.op, batchID, e.verb), e.op, batchID, e.code,
+				truncRunes(e.detail, auditDetailLen))
 		}
 		_, err := tx.ExecContext(ctx,
 			"INSERT IGNORE INTO audit_event (dedupe_key, operation_id, batch_id, code, detail) VALUES "+
@@ -502,6 +590,13 @@ func (s *Store) BatchesDue(ctx context.Context, limit int) ([]Batch, error) {
 // guard, plus version guard, version bump and updated_at) and returns the row as now
 // stored. ErrLostRace when the guard matched nothing.
 func (s *Store) guardedBatchWrite(ctx context.Context, id, version int64, set, statusGuard string, args ...any) (Batch, error) {
+	return s.guardedBatchWriteThen(ctx, id, version, set, statusGuard, nil, args...)
+}
+
+// guardedBatchWriteThen is guardedBatchWrite with more work in the same transaction
+// after the guarded write won (then may be nil).
+func (s *Store) guardedBatchWriteThen(ctx context.Context, id, version int64, set, statusGuard string,
+	then func(tx *sqlx.Tx) error, args ...any) (Batch, error) {
 	var b Batch
 	// READ COMMITTED: the write is a single-row primary-key UPDATE whose guard reads the
 	// latest committed row anyway; the lower level just avoids any gap locking and the
@@ -516,6 +611,11 @@ func (s *Store) guardedBatchWrite(ctx context.Context, id, version int64, set, s
 		}
 		if err := mustAffect(r, 1); err != nil {
 			return err
+		}
+		if then != nil {
+			if err := then(tx); err != nil {
+				return err
+			}
 		}
 		b, err = getBatch(ctx, tx, id)
 		return err
@@ -550,10 +650,23 @@ type MRRecord struct {
 }
 
 // BatchRecordMR records the MR on a RUNNING batch, guarded on version (fencing: done
-// before any merge is armed). ErrLostRace when the batch moved on.
+// before any merge is armed), and appends a published event per member in the same
+// transaction (one INSERT … SELECT over the member history). ErrLostRace when the
+// batch moved on.
 func (s *Store) BatchRecordMR(ctx context.Context, id, version int64, mr MRRecord) (Batch, error) {
-	return s.guardedBatchWrite(ctx, id, version,
-		"mr_iid = ?, mr_url = ?, mr_sha = ?", "status = 1", mr.IID, truncRunes(mr.URL, 1024), mr.SHA)
+	url := truncRunes(mr.URL, 1024)
+	detail := fmt.Sprintf("merge request !%d of batch %d opened: %s", mr.IID, id, url)
+	return s.guardedBatchWriteThen(ctx, id, version,
+		"mr_iid = ?, mr_url = ?, mr_sha = ?", "status = 1", func(tx *sqlx.Tx) error {
+			if err := recordBatchEvent(ctx, tx, id, EventMemberPublished, "published", detail); err != nil {
+				return err
+			}
+			_, err := tx.ExecContext(ctx, `INSERT IGNORE INTO audit_event (dedupe_key, operation_id, batch_id, code, detail)
+				SELECT CONCAT('op:', operation_id, ':batch:', batch_id, ':published'), operation_id, batch_id, ?, ?
+				  FROM merge_batch_member WHERE batch_id = ?`,
+				EventMemberPublished, truncRunes(detail, auditDetailLen), id)
+			return err
+		}, mr.IID, url, mr.SHA)
 }
 
 // BatchBlock moves RUNNING → BLOCKED (keeps the slot) with a reason, guarded on version.
@@ -578,202 +691,193 @@ type settledOp struct {
 	Target      string `db:"target"`
 }
 
-// settlePlan says what one settlement does to the members and their bindings.
-type settlePlan struct {
-	to            BatchStatus
-	opFrom, opTo  OpStatus
-	grantFrom     BindingStatus // binding of a grant member: grantFrom → grantTo
-	grantTo       BindingStatus
-	revokeFrom    BindingStatus // binding of a revoke member: revokeFrom → revokeTo
-	revokeTo      BindingStatus
-	code, message string // batch and operation error; empty on success
-	deleteWaiting bool
-	eventBatch    string
-	eventMember   string
-	verb          string
-	detail        string
-}
-
 // BatchSettleSucceeded settles a batch as merged in one transaction, batch guard first
 // (status = from AND version = version → SUCCEEDED), then members in_batch → merged and
 // their bindings (grant → active, revoke → closed), operations before bindings, keys
 // sorted. from is RUNNING or BLOCKED normally, FAILED when a human merged an MR after
 // batcherd failed it (merged wins). ErrLostRace when another settler was first.
+//
+// Members of a bisection half also get a bystander event: they were in a failed batch
+// and this merge clears them.
 func (s *Store) BatchSettleSucceeded(ctx context.Context, id int64, from BatchStatus, version int64) (Batch, error) {
-	p := settlePlan{
-		to: BatchSucceeded, opFrom: OpInBatch, opTo: OpMerged,
-		grantFrom: BindingPending, grantTo: BindingActive,
-		revokeFrom: BindingRevoking, revokeTo: BindingClosed,
-		eventBatch: EventBatchMerged, eventMember: EventMemberMerged, verb: "merged",
-		detail: "merge request merged",
-	}
+	opFrom, grantFrom, revokeFrom := OpInBatch, BindingPending, BindingRevoking
+	detail := "merge request merged"
 	switch from {
 	case BatchRunning, BatchBlocked:
 	case BatchFailed:
 		// Merged wins: the repository holds the files although the database said the
 		// batch failed, so members and bindings follow the repository from the states the
 		// failure left them in (grant binding failed, revoke binding back to active).
-		p.opFrom, p.grantFrom, p.revokeFrom = OpFailed, BindingFailed, BindingActive
-		p.detail = "merge request merged after the batch was settled failed: the repository wins"
+		opFrom, grantFrom, revokeFrom = OpFailed, BindingFailed, BindingActive
+		detail = "merge request merged after the batch was settled failed: the repository wins"
 	default:
 		return Batch{}, fmt.Errorf("store: cannot settle a batch as succeeded from status %s", from)
 	}
-	return s.settle(ctx, id, from, version, p)
-}
-
-// BatchSettleFailed settles a batch as failed in one transaction, batch guard first
-// (active status AND version → FAILED with code/message), then members in_batch →
-// failed with the reason, bindings (grant → failed, revoke → back to active), waiting
-// rows deleted; member history and audit kept. ErrLostRace when another settler was first.
-func (s *Store) BatchSettleFailed(ctx context.Context, id int64, from BatchStatus, version int64, code, message string) (Batch, error) {
-	if !from.Active() {
-		return Batch{}, fmt.Errorf("store: cannot settle a batch as failed from status %s", from)
-	}
-	code, message = truncRunes(code, errorCodeLen), truncRunes(message, errorMessageLen)
-	return s.settle(ctx, id, from, version, settlePlan{
-		to: BatchFailed, opFrom: OpInBatch, opTo: OpFailed,
-		grantFrom: BindingPending, grantTo: BindingFailed,
-		revokeFrom: BindingRevoking, revokeTo: BindingActive,
-		code: code, message: message,
-		// The waiting rows go so that a retry can admit the operation again (the
-		// waiting set is unique on operation_id); the member history keeps the record.
-		deleteWaiting: true,
-		eventBatch:    EventBatchFailed, eventMember: EventMemberFailed, verb: "failed",
-		detail: code + ": " + message,
-	})
-}
-
-// settle is the one settlement transaction. Order matters and is the same everywhere so
-// concurrent settlers and claims take locks in one order: the batch row first (a second
-// settler fails right there and changes nothing), then operations in key order, then
-// bindings in key order, then the waiting rows.
-func (s *Store) settle(ctx context.Context, id int64, from BatchStatus, version int64, p settlePlan) (Batch, error) {
 	var b Batch
 	// READ COMMITTED: every statement is a guarded or locking write on rows found by
 	// unique keys, which read the latest committed version anyway; the lower level keeps
 	// the IN-list range writes from taking gap locks that admissions or other settles
 	// would queue behind.
 	err := s.withTx(ctx, sql.LevelReadCommitted, func(tx *sqlx.Tx) error {
-		r, err := tx.ExecContext(ctx,
-			`UPDATE merge_batch SET status = ?, error_code = ?, error_message = ?,
-			        finished_at = CURRENT_TIMESTAMP(6), version = version + 1,
-			        updated_at = CURRENT_TIMESTAMP(6)
-			  WHERE id = ? AND status = ? AND version = ?`,
-			p.to, p.code, p.message, id, from, version)
-		if err != nil {
+		if err := settleBatchRow(ctx, tx, id, from, version, BatchSucceeded, "", "", ""); err != nil {
 			return err
 		}
-		if err := mustAffect(r, 1); err != nil {
-			return err
-		}
-
 		members, err := memberIDs(ctx, tx, id)
 		if err != nil {
 			return err
 		}
-
-		// Operations: lock the members still in the expected state in this batch (a
-		// member retried into another batch has another batch_id and is left alone),
-		// then move exactly those.
-		var ops []settledOp
-		if err := forChunks(len(members), maxInPlaceholders, func(lo, hi int) error {
-			args := make([]any, 0, hi-lo+2)
-			for _, m := range members[lo:hi] {
-				args = append(args, m)
-			}
-			args = append(args, id, p.opFrom)
-			var chunk []settledOp
-			if err := tx.SelectContext(ctx, &chunk,
-				`SELECT operation_id, action, subject, target FROM operation
-				  WHERE operation_id IN (`+inPlaceholders(hi-lo)+`) AND batch_id = ? AND status = ?
-				  ORDER BY operation_id FOR UPDATE`, args...); err != nil {
-				return err
-			}
-			if len(chunk) == 0 {
-				return nil
-			}
-			ops = append(ops, chunk...)
-			upd := make([]any, 0, len(chunk)+5)
-			upd = append(upd, p.opTo, p.code, p.message)
-			for _, o := range chunk {
-				upd = append(upd, o.OperationID)
-			}
-			upd = append(upd, id, p.opFrom)
-			r, err := tx.ExecContext(ctx,
-				`UPDATE operation SET status = ?, error_code = ?, error_message = ?,
-				        version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
-				  WHERE operation_id IN (`+inPlaceholders(len(chunk))+`) AND batch_id = ? AND status = ?`, upd...)
-			if err != nil {
-				return err
-			}
-			// We hold the row locks since the SELECT, so anything but a full match means
-			// the rows are not what we locked: refuse rather than half-settle.
-			return mustAffect(r, int64(len(chunk)))
-		}); err != nil {
+		ops, err := lockMembers(ctx, tx, id, members, opFrom)
+		if err != nil {
 			return err
 		}
-
-		// Bindings, grants then revokes, each in (subject, target) order, guarded on the
-		// binding still belonging to that operation and being in the expected state.
-		// A binding that does not match is left as it is: the batch outcome is a fact
-		// about the repository and must not be refused over one relation, and I5 keeps
-		// a binding with an in-flight operation from being taken over anyway.
-		for _, kind := range []struct {
-			action   Action
-			from, to BindingStatus
-		}{{ActionGrant, p.grantFrom, p.grantTo}, {ActionRevoke, p.revokeFrom, p.revokeTo}} {
-			var sel []settledOp
-			for _, o := range ops {
-				if o.Action == kind.action {
-					sel = append(sel, o)
-				}
-			}
-			slices.SortFunc(sel, func(a, b settledOp) int {
-				if c := strings.Compare(a.Subject, b.Subject); c != 0 {
-					return c
-				}
-				return strings.Compare(a.Target, b.Target)
-			})
-			if err := forChunks(len(sel), maxInPlaceholders/3, func(lo, hi int) error {
-				args := make([]any, 0, 3*(hi-lo)+2)
-				args = append(args, kind.to)
-				for _, o := range sel[lo:hi] {
-					args = append(args, o.Subject, o.Target, o.OperationID)
-				}
-				args = append(args, kind.from)
-				_, err := tx.ExecContext(ctx,
-					`UPDATE binding SET status = ?, version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
-					  WHERE (subject, target, operation_id) IN (`+
-						strings.TrimSuffix(strings.Repeat("(?,?,?),", hi-lo), ",")+`) AND status = ?`, args...)
-				return err
-			}); err != nil {
-				return err
-			}
-		}
-
-		if p.deleteWaiting {
-			if _, err := tx.ExecContext(ctx, "DELETE FROM merge_batch_request WHERE batch_id = ?", id); err != nil {
-				return err
-			}
-		}
-
-		settled := make([]string, len(ops))
-		for i, o := range ops {
-			settled[i] = o.OperationID
-		}
-		if err := recordBatchEvents(ctx, tx, id, p.eventBatch, p.verb,
-			fmt.Sprintf("%s; %d of %d member(s) moved to %s", p.detail, len(ops), len(members), p.opTo),
-			p.eventMember, settled, fmt.Sprintf("batch %d %s: %s", id, p.verb, p.detail)); err != nil {
+		if err := moveOps(ctx, tx, id, opIDsOf(ops), opFrom, OpMerged, "", ""); err != nil {
 			return err
 		}
-
+		if err := moveBindings(ctx, tx, ops, grantFrom, BindingActive, revokeFrom, BindingClosed); err != nil {
+			return err
+		}
 		if b, err = getBatch(ctx, tx, id); err != nil {
 			return err
 		}
 		b.OperationIDs = members
+		settled := opIDsOf(ops)
+		if err := recordBatchEvents(ctx, tx, id, EventBatchMerged, "merged",
+			fmt.Sprintf("%s; %d of %d member(s) moved to %s", detail, len(ops), len(members), OpMerged),
+			EventMemberMerged, settled, fmt.Sprintf("batch %d merged: %s", id, detail)); err != nil {
+			return err
+		}
+		if b.Kind == KindBisect && b.ParentID != nil {
+			evs := make([]memberEvent, len(settled))
+			for i, op := range settled {
+				evs[i] = memberEvent{op: op, code: EventBystander, verb: "bystander",
+					detail: fmt.Sprintf("not the culprit: bisection half of failed batch %d (depth %d) merged in batch %d", *b.ParentID, b.Depth, id)}
+			}
+			return insertMemberEvents(ctx, tx, id, evs)
+		}
 		return nil
 	})
 	return b, err
+}
+
+// BatchSettleFailed settles a batch as failed in one transaction, batch guard first
+// (active status AND version → FAILED with code/message), then members in_batch →
+// failed with the reason, bindings (grant → failed, revoke → back to active), waiting
+// rows deleted; member history and audit kept. ErrLostRace when another settler was
+// first. It is BatchSettleRequeue with an empty plan.
+func (s *Store) BatchSettleFailed(ctx context.Context, id int64, from BatchStatus, version int64, code, message string) (Batch, error) {
+	return s.BatchSettleRequeue(ctx, id, from, version, code, message, nil)
+}
+
+// settleBatchRow is every settlement's first statement: the guarded batch write. A
+// second settler fails right here (ErrLostRace) and changes nothing. failClass is
+// written only when not empty.
+func settleBatchRow(ctx context.Context, tx *sqlx.Tx, id int64, from BatchStatus, version int64, to BatchStatus,
+	code, message, failClass string) error {
+	r, err := tx.ExecContext(ctx,
+		`UPDATE merge_batch SET status = ?, error_code = ?, error_message = ?,
+		        fail_class = IF(? = '', fail_class, ?),
+		        finished_at = CURRENT_TIMESTAMP(6), version = version + 1,
+		        updated_at = CURRENT_TIMESTAMP(6)
+		  WHERE id = ? AND status = ? AND version = ?`,
+		to, code, message, failClass, failClass, id, from, version)
+	if err != nil {
+		return err
+	}
+	return mustAffect(r, 1)
+}
+
+// lockMembers locks, in key order, the members of batch id still in state from in this
+// batch (a member retried into another batch has another batch_id and is left alone).
+func lockMembers(ctx context.Context, tx *sqlx.Tx, id int64, members []string, from OpStatus) ([]settledOp, error) {
+	var ops []settledOp
+	err := forChunks(len(members), maxInPlaceholders, func(lo, hi int) error {
+		args := make([]any, 0, hi-lo+2)
+		for _, m := range members[lo:hi] {
+			args = append(args, m)
+		}
+		args = append(args, id, from)
+		var chunk []settledOp
+		if err := tx.SelectContext(ctx, &chunk,
+			`SELECT operation_id, action, subject, target FROM operation
+			  WHERE operation_id IN (`+inPlaceholders(hi-lo)+`) AND batch_id = ? AND status = ?
+			  ORDER BY operation_id FOR UPDATE`, args...); err != nil {
+			return err
+		}
+		ops = append(ops, chunk...)
+		return nil
+	})
+	return ops, err
+}
+
+func opIDsOf(ops []settledOp) []string {
+	out := make([]string, len(ops))
+	for i, o := range ops {
+		out[i] = o.OperationID
+	}
+	return out
+}
+
+// moveOps moves locked member operations of batch id from → to with an error code and
+// message, in chunks. We hold the row locks since lockMembers, so anything but a full
+// match means the rows are not what we locked: refuse rather than half-settle.
+func moveOps(ctx context.Context, tx *sqlx.Tx, id int64, opIDs []string, from, to OpStatus, code, message string) error {
+	return forChunks(len(opIDs), maxInPlaceholders, func(lo, hi int) error {
+		upd := make([]any, 0, hi-lo+5)
+		upd = append(upd, to, code, message)
+		for _, o := range opIDs[lo:hi] {
+			upd = append(upd, o)
+		}
+		upd = append(upd, id, from)
+		r, err := tx.ExecContext(ctx,
+			`UPDATE operation SET status = ?, error_code = ?, error_message = ?,
+			        version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
+			  WHERE operation_id IN (`+inPlaceholders(hi-lo)+`) AND batch_id = ? AND status = ?`, upd...)
+		if err != nil {
+			return err
+		}
+		return mustAffect(r, int64(hi-lo))
+	})
+}
+
+// moveBindings moves the bindings of settled members, grants then revokes, each in
+// (subject, target) order, guarded on the binding still belonging to that operation and
+// being in the expected state. A binding that does not match is left as it is: the
+// batch outcome is a fact about the repository and must not be refused over one
+// relation, and I5 keeps a binding with an in-flight operation from being taken over.
+func moveBindings(ctx context.Context, tx *sqlx.Tx, ops []settledOp, grantFrom, grantTo, revokeFrom, revokeTo BindingStatus) error {
+	for _, kind := range []struct {
+		action   Action
+		from, to BindingStatus
+	}{{ActionGrant, grantFrom, grantTo}, {ActionRevoke, revokeFrom, revokeTo}} {
+		var sel []settledOp
+		for _, o := range ops {
+			if o.Action == kind.action {
+				sel = append(sel, o)
+			}
+		}
+		slices.SortFunc(sel, func(a, b settledOp) int {
+			if c := strings.Compare(a.Subject, b.Subject); c != 0 {
+				return c
+			}
+			return strings.Compare(a.Target, b.Target)
+		})
+		if err := forChunks(len(sel), maxInPlaceholders/3, func(lo, hi int) error {
+			args := make([]any, 0, 3*(hi-lo)+2)
+			args = append(args, kind.to)
+			for _, o := range sel[lo:hi] {
+				args = append(args, o.Subject, o.Target, o.OperationID)
+			}
+			args = append(args, kind.from)
+			_, err := tx.ExecContext(ctx,
+				`UPDATE binding SET status = ?, version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
+				  WHERE (subject, target, operation_id) IN (`+
+					strings.TrimSuffix(strings.Repeat("(?,?,?),", hi-lo), ",")+`) AND status = ?`, args...)
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // BatchesTimedOut returns active batches created more than timeout ago (DB clock).

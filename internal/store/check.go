@@ -68,6 +68,28 @@ var requiredUniques = []requiredUnique{
 	{"audit_event", "uk_dedupe", []string{"dedupe_key"}, "audit: re-recording an event is a no-op"},
 }
 
+// requiredIndex is a plain (non-unique) index a hot path relies on, with its exact
+// columns: without it the query still answers, but by scanning.
+type requiredIndex struct {
+	table, index string
+	columns      []string
+	why          string
+}
+
+var requiredIndexes = []requiredIndex{
+	{"merge_batch_request", "idx_repo_group_waiting", []string{"repo", "batch_id", "grp", "created_at", "id"},
+		"claim: waiting rows of one group (bisection half, retry) of a repository, oldest first"},
+}
+
+// requiredColumns are the failure-isolation columns (migration 00002) the claim and the
+// failure settlement write in the same guarded statements as the rest of the waiting
+// set: a schema without them is one the groups cannot live in.
+var requiredColumns = map[string][]string{
+	"merge_batch_request": {"grp", "kind", "parent_id", "depth", "half", "retries", "tries"},
+	"merge_batch":         {"kind", "grp", "parent_id", "depth", "fail_class"},
+	"merge_batch_member":  {"why"},
+}
+
 // versionTables carry the monotonic version every guarded write checks and bumps (I6).
 var versionTables = []string{"merge_batch", "operation", "binding"}
 
@@ -123,6 +145,9 @@ func (s *Store) CheckSchema(ctx context.Context) (SchemaReport, error) {
 	for _, u := range requiredUniques {
 		rep.checkUnique(u, byIndex[[2]string{u.table, strings.ToLower(u.index)}])
 	}
+	for _, ix := range requiredIndexes {
+		rep.checkIndex(ix, byIndex[[2]string{ix.table, strings.ToLower(ix.index)}])
+	}
 
 	var cols []columnInfo
 	if err := s.db.SelectContext(ctx, &cols,
@@ -136,6 +161,9 @@ func (s *Store) CheckSchema(ctx context.Context) (SchemaReport, error) {
 		byColumn[[2]string{strings.ToLower(c.Table), strings.ToLower(c.Column)}] = c
 	}
 	rep.checkActiveSlot(byColumn)
+	if err := s.checkColumns(ctx, &rep); err != nil {
+		return rep, err
+	}
 	for _, t := range versionTables {
 		if _, ok := byColumn[[2]string{t, "version"}]; !ok {
 			rep.problem("table %s: column version is missing (I6 guards every state write on it)", t)
@@ -184,6 +212,65 @@ func (r *SchemaReport) checkUnique(u requiredUnique, got []indexPart) {
 	if !bad {
 		r.Checked = append(r.Checked, fmt.Sprintf("%s.%s UNIQUE BTREE (%s)", u.table, u.index, strings.Join(u.columns, ", ")))
 	}
+}
+
+// checkIndex verifies a required plain index exists over exactly its columns, without
+// prefixes.
+func (r *SchemaReport) checkIndex(ix requiredIndex, got []indexPart) {
+	where := fmt.Sprintf("table %s, index %s (%s)", ix.table, ix.index, ix.why)
+	if len(got) == 0 {
+		r.problem("%s: index is missing", where)
+		return
+	}
+	var cols []string
+	for _, p := range got {
+		cols = append(cols, strings.ToLower(p.Column))
+		if p.SubPart != nil {
+			r.problem("%s: column %s is indexed on a %d-character prefix", where, p.Column, *p.SubPart)
+			return
+		}
+	}
+	if !slices.Equal(cols, ix.columns) {
+		r.problem("%s: columns are (%s), want (%s)", where, strings.Join(cols, ", "), strings.Join(ix.columns, ", "))
+		return
+	}
+	r.Checked = append(r.Checked, fmt.Sprintf("%s.%s (%s)", ix.table, ix.index, strings.Join(ix.columns, ", ")))
+}
+
+// checkColumns verifies the failure-isolation columns exist.
+func (s *Store) checkColumns(ctx context.Context, rep *SchemaReport) error {
+	var have []struct {
+		Table  string `db:"TABLE_NAME"`
+		Column string `db:"COLUMN_NAME"`
+	}
+	if err := s.db.SelectContext(ctx, &have,
+		`SELECT TABLE_NAME, COLUMN_NAME FROM information_schema.COLUMNS
+		  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ('merge_batch_request', 'merge_batch', 'merge_batch_member')`); err != nil {
+		return translate(err)
+	}
+	got := map[[2]string]bool{}
+	for _, c := range have {
+		got[[2]string{strings.ToLower(c.Table), strings.ToLower(c.Column)}] = true
+	}
+	tables := make([]string, 0, len(requiredColumns))
+	for t := range requiredColumns {
+		tables = append(tables, t)
+	}
+	slices.Sort(tables)
+	for _, t := range tables {
+		var missing []string
+		for _, c := range requiredColumns[t] {
+			if !got[[2]string{t, c}] {
+				missing = append(missing, c)
+			}
+		}
+		if len(missing) > 0 {
+			rep.problem("table %s: column(s) %s missing (failure isolation, migration 00002: run batcherd migrate)", t, strings.Join(missing, ", "))
+		} else {
+			rep.Checked = append(rep.Checked, fmt.Sprintf("%s has %s", t, strings.Join(requiredColumns[t], ", ")))
+		}
+	}
+	return nil
 }
 
 // checkActiveSlot verifies merge_batch.active_slot is STORED generated from status in

@@ -16,7 +16,7 @@ func TestCheckSchemaAcceptsMigratedSchema(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CheckSchema on a freshly migrated schema: %v", err)
 	}
-	if len(rep.Problems) != 0 || len(rep.Checked) != 7+1+3 {
+	if len(rep.Problems) != 0 || len(rep.Checked) != 7+1+1+3+3 {
 		t.Fatalf("report = %+v", rep)
 	}
 	// The server has at least one of the two isolation variable names; which one
@@ -71,6 +71,22 @@ func TestCheckSchemaRefusesDrift(t *testing.T) {
 				"ALTER TABLE merge_batch ADD COLUMN active_slot VARCHAR(255) AS (CASE WHEN status IN (1) THEN repo ELSE NULL END) STORED, " +
 					"ADD UNIQUE KEY uk_active_slot (active_slot)"},
 			want: []string{"merge_batch", "active_slot", "generation expression"},
+		},
+		{
+			name:  "group index missing",
+			alter: []string{"ALTER TABLE merge_batch_request DROP INDEX idx_repo_group_waiting"},
+			want:  []string{"merge_batch_request", "idx_repo_group_waiting", "missing"},
+		},
+		{
+			name: "group index on other columns",
+			alter: []string{"ALTER TABLE merge_batch_request DROP INDEX idx_repo_group_waiting, " +
+				"ADD INDEX idx_repo_group_waiting (repo, grp)"},
+			want: []string{"merge_batch_request", "idx_repo_group_waiting", "columns are (repo, grp)"},
+		},
+		{
+			name:  "failure isolation column missing",
+			alter: []string{"ALTER TABLE merge_batch_member DROP COLUMN why"},
+			want:  []string{"merge_batch_member", "why", "missing"},
 		},
 		{
 			name:  "version column missing",

@@ -5,7 +5,9 @@ package store
 const (
 	QWaitingExists   = qWaitingExists
 	QWaitingRepos    = qWaitingRepos
+	QClaimHead       = qClaimHead
 	QClaimRead       = qClaimRead
+	QBatchWaiting    = qBatchWaiting
 	QMemberIDs       = qMemberIDs
 	QBatchMembers    = qBatchMembers
 	QBatchesDue      = qBatchesDue

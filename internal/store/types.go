@@ -117,6 +117,14 @@ type Batch struct {
 	CreatedAt    time.Time   `db:"created_at"`
 	UpdatedAt    time.Time   `db:"updated_at"`
 	FinishedAt   *time.Time  `db:"finished_at"`
+	// Failure isolation (migration 00002): the claim group this batch took, its kind
+	// (first_try, retry_<class>, bisect), the failed batch it retries or bisects, the
+	// bisection depth, and the failure class batcherd recorded before closing its MR.
+	Kind      string `db:"kind"`
+	Grp       string `db:"grp"`
+	ParentID  *int64 `db:"parent_id"`
+	Depth     int    `db:"depth"`
+	FailClass string `db:"fail_class"`
 	// OperationIDs is filled by BatchGet from the member history, sorted.
 	OperationIDs []string `db:"-"`
 }

@@ -1,0 +1,318 @@
+package store
+
+// Failure isolation (issue #9): the store side of retry, bisection and quarantine.
+//
+// A failed batch's members either fail (with a reason) or go back to the waiting set in
+// a claim group: a retry of the same members ("b<batch>.r") or one half of a bisection
+// ("b<batch>.1", "b<batch>.2"). Waiting rows keep their created_at, so the group of a
+// failed batch is older than anything admitted since and the next claims take it first
+// (bystanders keep their queue position). BatchClaim takes the group of the oldest
+// waiting row only, with the same read, guarded UPDATE and affected-row check as
+// always (I2, I3). What to do with each member is the scanner's policy; the store
+// applies a plan in one transaction, batch guard first, so two settlers cannot both
+// requeue a member (the second fails at its first statement and changes nothing).
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// whyLen bounds merge_batch_member.why.
+const whyLen = 255
+
+// groupLen bounds merge_batch_request.grp and merge_batch.grp.
+const groupLen = 64
+
+// why says, for the member history and the MR description, why a waiting row is in the
+// round that claims it. Attempt numbers count charged attempts (first try and retries).
+func (w waitingRow) why() string {
+	parent := int64(0)
+	if w.ParentID != nil {
+		parent = *w.ParentID
+	}
+	switch {
+	case w.Kind == KindBisect:
+		return fmt.Sprintf("half %d of failed batch %d, bisection depth %d", w.Half, parent, w.Depth)
+	case strings.HasPrefix(w.Kind, KindRetryPrefix):
+		return fmt.Sprintf("retry %d of failed batch %d after a %s failure (attempt %d)",
+			w.Retries, parent, strings.TrimPrefix(w.Kind, KindRetryPrefix), w.Tries+1)
+	case w.Tries > 0:
+		return fmt.Sprintf("first try (attempt %d)", w.Tries+1)
+	}
+	return "first try"
+}
+
+// WaitingMember is a member of an active batch with its waiting-row bookkeeping: what
+// the failure policy needs to plan the members' fates.
+type WaitingMember struct {
+	OperationID string    `db:"operation_id"`
+	RequestID   int64     `db:"id"`
+	Grp         string    `db:"grp"`
+	Kind        string    `db:"kind"`
+	ParentID    *int64    `db:"parent_id"`
+	Depth       int       `db:"depth"`
+	Half        int       `db:"half"`
+	Retries     int       `db:"retries"`
+	Tries       int       `db:"tries"` // charged attempts so far, this batch included
+	CreatedAt   time.Time `db:"created_at"`
+}
+
+// qBatchWaiting: the waiting rows a batch claimed, in queue order (idx_batch).
+const qBatchWaiting = `SELECT id, operation_id, grp, kind, parent_id, depth, half, retries, tries, created_at
+	FROM merge_batch_request WHERE batch_id = ? ORDER BY created_at, id`
+
+// BatchWaitingMembers returns the waiting rows batch id claimed, in queue order
+// (created_at, id). While the batch is active nothing but its own settlement writes
+// these rows, and that settlement is guarded on the batch's version, so a plan made
+// from this read is applied to exactly these rows or not at all.
+func (s *Store) BatchWaitingMembers(ctx context.Context, batchID int64) ([]WaitingMember, error) {
+	out := []WaitingMember{}
+	err := s.db.SelectContext(ctx, &out, qBatchWaiting, batchID)
+	return out, translate(err)
+}
+
+// MemberFate says what the settlement of a failed batch does with one member.
+type MemberFate struct {
+	OperationID string
+	// Requeue when Group is not empty: the operation goes back to queued (binding
+	// unchanged) and its waiting row back to the waiting set in Group, created_at kept,
+	// with the group's Kind, Depth, Half and Retries; the failed batch is its parent.
+	Group   string
+	Kind    string
+	Depth   int
+	Half    int
+	Retries int
+	// Fail when Group is empty: the operation fails with Code and Message (binding:
+	// grant → failed, revoke → active) and its waiting row is deleted.
+	Code, Message string
+	// Event is the member's outcome event (bisected, retry_infra, culprit,
+	// closed_by_user, max_attempts, failed, …) and Detail its text. Empty Event: failed
+	// for a failure, "requeued" for a requeue.
+	Event, Detail string
+}
+
+// BatchSettleRequeue settles an active batch as failed and applies plan to its members,
+// in one READ COMMITTED transaction:
+//
+//  1. the batch guard: status = from AND version = version → FAILED with code, message
+//     and fail_class = code (ErrLostRace when another settler was first);
+//  2. lock the members still in_batch in this batch, in key order;
+//  3. requeued members, group by group: operation in_batch → queued, batch_id NULL
+//     (binding unchanged: still pending / revoking); waiting row batch_id NULL with the
+//     group's columns, created_at unchanged — every write guarded and its affected-row
+//     count checked;
+//  4. failed members (those the plan fails, and any locked member the plan does not
+//     mention, which fails with the batch's code): in_batch → failed with their reason,
+//     bindings, then the batch's remaining waiting rows deleted;
+//  5. events, set-based: batch_failed for the batch and every member, then each
+//     member's outcome event.
+func (s *Store) BatchSettleRequeue(ctx context.Context, id int64, from BatchStatus, version int64, code, message string, plan []MemberFate) (Batch, error) {
+	if !from.Active() {
+		return Batch{}, fmt.Errorf("store: cannot settle a batch as failed from status %s", from)
+	}
+	code, message = truncRunes(code, errorCodeLen), truncRunes(message, errorMessageLen)
+	fates := make(map[string]MemberFate, len(plan))
+	for _, f := range plan {
+		if len(f.Group) > groupLen {
+			return Batch{}, fmt.Errorf("store: group %q is longer than %d", f.Group, groupLen)
+		}
+		fates[f.OperationID] = f
+	}
+	var b Batch
+	err := s.withTx(ctx, sql.LevelReadCommitted, func(tx *sqlx.Tx) error {
+		if err := settleBatchRow(ctx, tx, id, from, version, BatchFailed, code, message, code); err != nil {
+			return err
+		}
+		members, err := memberIDs(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		ops, err := lockMembers(ctx, tx, id, members, OpInBatch)
+		if err != nil {
+			return err
+		}
+
+		// Sort the locked members into requeue groups and failure reasons.
+		groups := map[string][]string{}
+		groupOf := map[string]MemberFate{}
+		type reason struct{ code, message string }
+		failures := map[reason][]settledOp{}
+		var failed []settledOp
+		for _, o := range ops {
+			f, ok := fates[o.OperationID]
+			switch {
+			case ok && f.Group != "":
+				groups[f.Group] = append(groups[f.Group], o.OperationID)
+				if _, seen := groupOf[f.Group]; !seen {
+					groupOf[f.Group] = f
+				}
+			default:
+				r := reason{code, message}
+				if ok && f.Code != "" {
+					r = reason{truncRunes(f.Code, errorCodeLen), truncRunes(f.Message, errorMessageLen)}
+				}
+				failures[r] = append(failures[r], o)
+				failed = append(failed, o)
+			}
+		}
+
+		names := make([]string, 0, len(groups))
+		for g := range groups {
+			names = append(names, g)
+		}
+		slices.Sort(names)
+		for _, g := range names {
+			ids, f := groups[g], groupOf[g]
+			if err := moveOps(ctx, tx, id, ids, OpInBatch, OpQueued, "", ""); err != nil {
+				return err
+			}
+			if err := requeueRows(ctx, tx, id, ids, f); err != nil {
+				return err
+			}
+		}
+
+		reasons := make([]reason, 0, len(failures))
+		for r := range failures {
+			reasons = append(reasons, r)
+		}
+		slices.SortFunc(reasons, func(a, b reason) int { return strings.Compare(a.code+"\x00"+a.message, b.code+"\x00"+b.message) })
+		for _, r := range reasons {
+			if err := moveOps(ctx, tx, id, opIDsOf(failures[r]), OpInBatch, OpFailed, r.code, r.message); err != nil {
+				return err
+			}
+		}
+		slices.SortFunc(failed, func(a, b settledOp) int { return strings.Compare(a.OperationID, b.OperationID) })
+		if err := moveBindings(ctx, tx, failed, BindingPending, BindingFailed, BindingRevoking, BindingActive); err != nil {
+			return err
+		}
+		// What is left claimed by this batch are the failed members' rows (and strays):
+		// they go, so that an operator retry can admit the operation again (the waiting
+		// set is unique on operation_id). The member history keeps the record.
+		if _, err := tx.ExecContext(ctx, "DELETE FROM merge_batch_request WHERE batch_id = ?", id); err != nil {
+			return err
+		}
+
+		// Events.
+		nRequeued := len(ops) - len(failed)
+		batchDetail := fmt.Sprintf("%s: %s; %d of %d member(s): %d failed, %d requeued", code, message,
+			len(ops), len(members), len(failed), nRequeued)
+		for _, g := range names {
+			batchDetail += fmt.Sprintf("; group %s: %d", g, len(groups[g]))
+		}
+		if err := recordBatchEvent(ctx, tx, id, EventBatchFailed, "failed", batchDetail); err != nil {
+			return err
+		}
+		evs := make([]memberEvent, 0, 2*len(ops))
+		for _, o := range ops {
+			evs = append(evs, memberEvent{op: o.OperationID, code: EventMemberBatchFailed, verb: "failed",
+				detail: fmt.Sprintf("batch %d failed: %s: %s", id, code, message)})
+		}
+		for _, o := range ops {
+			f, ok := fates[o.OperationID]
+			ev, detail := f.Event, f.Detail
+			if !ok || f.Group == "" {
+				if ev == "" {
+					ev = EventMemberFailed
+				}
+				if detail == "" {
+					c, m := code, message
+					if ok && f.Code != "" {
+						c, m = f.Code, f.Message
+					}
+					detail = c + ": " + m
+				}
+			} else if ev == "" {
+				ev = "requeued"
+			}
+			if detail == "" {
+				detail = "requeued in group " + f.Group
+			}
+			evs = append(evs, memberEvent{op: o.OperationID, code: ev, verb: "outcome", detail: detail})
+		}
+		if err := insertMemberEvents(ctx, tx, id, evs); err != nil {
+			return err
+		}
+
+		if b, err = getBatch(ctx, tx, id); err != nil {
+			return err
+		}
+		b.OperationIDs = members
+		return nil
+	})
+	return b, err
+}
+
+// requeueRows puts the claimed waiting rows of ids back in the waiting set in group f,
+// created_at unchanged, guarded on still being claimed by batch id.
+func requeueRows(ctx context.Context, tx *sqlx.Tx, id int64, ids []string, f MemberFate) error {
+	kind := f.Kind
+	if kind == "" {
+		kind = KindFirstTry
+	}
+	return forChunks(len(ids), maxInPlaceholders, func(lo, hi int) error {
+		args := make([]any, 0, hi-lo+7)
+		args = append(args, f.Group, kind, id, f.Depth, f.Half, f.Retries, id)
+		for _, o := range ids[lo:hi] {
+			args = append(args, o)
+		}
+		r, err := tx.ExecContext(ctx,
+			`UPDATE merge_batch_request SET batch_id = NULL, grp = ?, kind = ?, parent_id = ?, depth = ?, half = ?, retries = ?
+			  WHERE batch_id = ? AND operation_id IN (`+inPlaceholders(hi-lo)+`)`, args...)
+		if err != nil {
+			return err
+		}
+		// A member without its claimed waiting row would be queued and never claimed:
+		// refuse the whole settlement rather than strand it.
+		if n, err := r.RowsAffected(); err != nil {
+			return err
+		} else if n != int64(hi-lo) {
+			return fmt.Errorf("store: requeue of batch %d: %d of %d waiting rows found: %w", id, n, hi-lo, ErrLostRace)
+		}
+		return nil
+	})
+}
+
+// BatchMarkFailing records, guarded on version, the failure class batcherd is about to
+// settle an active batch with, before it closes the batch's MR. A closed MR on a batch
+// without it was closed by someone else (a human); with it, by a batcherd settle that
+// did not finish, which the next pass resumes with the same class.
+func (s *Store) BatchMarkFailing(ctx context.Context, id, version int64, class string) (Batch, error) {
+	return s.guardedBatchWrite(ctx, id, version, "fail_class = ?", "status IN (1, 4)", truncRunes(class, 32))
+}
+
+// BatchMemberReasons returns why each member is in batch id (merge_batch_member.why),
+// by operation id — what the MR description shows.
+func (s *Store) BatchMemberReasons(ctx context.Context, batchID int64) (map[string]string, error) {
+	var rows []struct {
+		OperationID string `db:"operation_id"`
+		Why         string `db:"why"`
+	}
+	if err := s.db.SelectContext(ctx, &rows,
+		"SELECT operation_id, why FROM merge_batch_member WHERE batch_id = ?", batchID); err != nil {
+		return nil, translate(err)
+	}
+	out := make(map[string]string, len(rows))
+	for _, r := range rows {
+		out[r.OperationID] = r.Why
+	}
+	return out, nil
+}
+
+// BatchMergeLatencies returns, for each member merged by batch id, the seconds from the
+// operation's creation to the batch's settlement (DB clock): time to merge.
+func (s *Store) BatchMergeLatencies(ctx context.Context, batchID int64) ([]float64, error) {
+	out := []float64{}
+	err := s.db.SelectContext(ctx, &out, `SELECT TIMESTAMPDIFF(MICROSECOND, o.created_at, b.finished_at) / 1000000
+		FROM merge_batch b
+		JOIN merge_batch_member m ON m.batch_id = b.id
+		JOIN operation o ON o.operation_id = m.operation_id
+		WHERE b.id = ? AND b.status = 2 AND b.finished_at IS NOT NULL
+		  AND o.status = 'merged' AND o.batch_id = b.id`, batchID)
+	return out, translate(err)
+}
