@@ -167,8 +167,13 @@ func (a *App) Run(ctx context.Context) error {
 	stopScanner()
 	shCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.ShutdownTimeout)
 	defer cancel()
-	if err := a.srv.Shutdown(shCtx); err != nil {
-		a.log.Warn("http shutdown did not drain in time", "err", err)
+	// The HTTP drain gets half the budget: http.Server.Shutdown also waits for
+	// connections that were opened but never sent a request, which must not starve the
+	// loops of their time. What is still open after that is closed.
+	httpCtx, cancelHTTP := context.WithTimeout(shCtx, a.cfg.ShutdownTimeout/2)
+	defer cancelHTTP()
+	if err := a.srv.Shutdown(httpCtx); err != nil {
+		a.log.Debug("closing HTTP connections that did not drain", "err", err)
 		a.srv.Close()
 	}
 	done := make(chan struct{})
@@ -176,7 +181,12 @@ func (a *App) Run(ctx context.Context) error {
 	select {
 	case <-done:
 	case <-shCtx.Done():
-		a.log.Warn("loops did not stop within the shutdown timeout; exiting anyway (every step is resumable)")
+		// Both may be ready at once; only warn when the loops really are still running.
+		select {
+		case <-done:
+		default:
+			a.log.Warn("loops did not stop within the shutdown timeout; exiting anyway (every step is resumable)")
+		}
 	}
 	a.log.Info("stopped")
 	return runErr
