@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"strconv"
-	"strings"
 
 	"github.com/batcherd/batcherd/internal/store"
 )
@@ -22,22 +20,6 @@ type gitlabEvent struct {
 	MergeRequest *struct {
 		SourceBranch string `json:"source_branch"`
 	} `json:"merge_request"` // pipeline events for an MR
-}
-
-const branchPrefix = "batcherd/batch-"
-
-// batchIDFromBranch returns the batch id of a batcherd branch, only when the branch
-// is exactly what store.BranchName makes for it.
-func batchIDFromBranch(branch string) (int64, bool) {
-	rest, ok := strings.CutPrefix(branch, branchPrefix)
-	if !ok {
-		return 0, false
-	}
-	id, err := strconv.ParseInt(rest, 10, 64)
-	if err != nil || id <= 0 || store.BranchName(id) != branch {
-		return 0, false
-	}
-	return id, true
 }
 
 // handleWebhook: POST /v1/webhooks/gitlab. Always 204 once authenticated and parsed:
@@ -67,7 +49,7 @@ func (s *Server) handleWebhook(w http.ResponseWriter, r *http.Request) error {
 			branch = ev.MergeRequest.SourceBranch
 		}
 	}
-	id, ok := batchIDFromBranch(branch)
+	id, ok := store.BatchIDFromBranch(branch)
 	if !ok {
 		s.m.webhooks.WithLabelValues("ignored").Inc()
 		w.WriteHeader(http.StatusNoContent)

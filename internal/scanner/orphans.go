@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/batcherd/batcherd/internal/mr"
@@ -60,7 +58,7 @@ func (l *orphanLoop) sweepOpen(ctx context.Context, repo string) error {
 			break
 		}
 		log := l.log.With("repo", repo, "mr_iid", m.IID, "branch", m.SourceBranch)
-		id, ok := batchIDOf(m.SourceBranch)
+		id, ok := store.BatchIDFromBranch(m.SourceBranch)
 		if !ok {
 			// Labelled by hand, not a batch branch: not ours to close.
 			log.Debug("labelled MR on a non-batch branch; leaving it")
@@ -123,18 +121,4 @@ func (l *orphanLoop) sweepFailed(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// batchIDOf parses the batch id out of a branch named by store.BranchName.
-func batchIDOf(branch string) (int64, bool) {
-	const prefix = "batcherd/batch-"
-	rest, ok := strings.CutPrefix(branch, prefix)
-	if !ok {
-		return 0, false
-	}
-	id, err := strconv.ParseInt(rest, 10, 64)
-	if err != nil || id <= 0 || store.BranchName(id) != branch {
-		return 0, false
-	}
-	return id, true
 }

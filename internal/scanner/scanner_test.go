@@ -346,15 +346,6 @@ func TestBackoff(t *testing.T) {
 	}
 }
 
-func TestBatchIDOf(t *testing.T) {
-	for branch, want := range map[string]int64{"batcherd/batch-12": 12, "batcherd/batch-012": 0, "batcherd/batch-x": 0, "feature/x": 0, "batcherd/batch-": 0} {
-		got, ok := batchIDOf(branch)
-		if got != want || ok != (want != 0) {
-			t.Errorf("batchIDOf(%q) = %d %v", branch, got, ok)
-		}
-	}
-}
-
 // TestShutdownFinishesShortStep: a step in flight when Run's context ends finishes
 // (it is shorter than ShutdownTimeout), so the publish completes and records its MR.
 func TestShutdownFinishesShortStep(t *testing.T) {
