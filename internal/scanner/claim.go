@@ -70,11 +70,40 @@ func (l *claimLoop) claimRepo(ctx context.Context, repo string) (store.ClaimResu
 		return res, nil
 	}
 	l.s.m.batchSize.Observe(float64(len(res.OperationIDs)))
-	log.Info("claimed batch", "batch_id", res.BatchID, "size", len(res.OperationIDs))
+	log.Info("claimed batch", "batch_id", res.BatchID, "size", len(res.OperationIDs),
+		"kind", res.Kind, "group", res.Group, "depth", res.Depth)
 	l.s.step(ctx, "claim.claimed", res.BatchID)
 	// Publish now rather than at the next publish tick.
 	kick(l.s.kickPublish)
 	return res, nil
+}
+
+// followUp claims the next round of repo at once when its oldest waiting rows are a
+// failed batch's retry or bisection half, instead of waiting for the schedule: the
+// replica that settled a batch calls it. The ordinary queue keeps its schedule.
+// Outcomes are logged, never returned: the scheduled round is the backstop.
+func (s *Scanner) followUp(ctx context.Context, repo string) {
+	if s.stopping() || ctx.Err() != nil {
+		return
+	}
+	log := s.claim.log.With("repo", repo)
+	res, err := s.st.BatchClaimFollowUp(ctx, repo, s.cfg.MaxBatchSize)
+	switch {
+	case err != nil:
+		if !isLost(err) && !isCanceled(err) {
+			log.Warn("follow-up claim failed; the scheduled round will take it", "err", err)
+		}
+		return
+	case res.Outcome != store.ClaimClaimed:
+		log.Debug("follow-up claim", "outcome", res.Outcome)
+		return
+	}
+	s.m.outcomes.WithLabelValues("claim", "follow_up").Inc()
+	s.m.batchSize.Observe(float64(len(res.OperationIDs)))
+	log.Info("claimed follow-up batch", "batch_id", res.BatchID, "size", len(res.OperationIDs),
+		"kind", res.Kind, "group", res.Group, "depth", res.Depth)
+	s.step(ctx, "claim.claimed", res.BatchID)
+	kick(s.kickPublish)
 }
 
 // RunRound runs a claim round now for repo, through the same code as the scheduled

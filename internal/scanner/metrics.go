@@ -20,6 +20,13 @@ type metrics struct {
 	batchSize     prometheus.Histogram
 	settles       *prometheus.CounterVec // outcome, code
 	gitlab        *prometheus.CounterVec // op, class
+
+	// Failure isolation.
+	retries        *prometheus.CounterVec   // class
+	bisectionDepth prometheus.Histogram     // depth of the halves a bisection creates
+	culprits       *prometheus.CounterVec   // repo
+	maxAttempts    *prometheus.CounterVec   // repo
+	timeToMerge    *prometheus.HistogramVec // repo
 }
 
 func newMetrics(reg prometheus.Registerer, replica string) *metrics {
@@ -61,7 +68,29 @@ func newMetrics(reg prometheus.Registerer, replica string) *metrics {
 			Name: "batcherd_scanner_gitlab_calls_total", Help: "GitLab calls made by the scanner, by operation and result class (ok, transient, permanent, not_found, canceled, other).", ConstLabels: cl,
 		}, []string{"op", "class"}),
 	}
+	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "batcherd_batch_retries_total", Help: "Failed batches whose members were retried as one group, by failure class (infra, timeout, gitlab_unavailable, mr_missing, conflict, unknown).", ConstLabels: cl,
+	}, []string{"class"})
+	m.bisectionDepth = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "batcherd_bisection_depth", Help: "Depth of the halves each bisection of a failed batch creates (1 = halves of a first try).", ConstLabels: cl,
+		Buckets: []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12},
+	})
+	m.culprits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "batcherd_culprits_total", Help: "Operations failed as the culprit of a batch failure (alone in a failing batch), by repository.", ConstLabels: cl,
+	}, []string{"repo"})
+	m.maxAttempts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "batcherd_max_attempts_total", Help: "Operations failed because they used BATCHERD_MAX_ATTEMPTS attempts, by repository.", ConstLabels: cl,
+	}, []string{"repo"})
+	m.timeToMerge = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "batcherd_time_to_merge_seconds", Help: "Time from an operation's creation to the settlement of the batch that merged it (DB clock), by repository; p50/p95 with histogram_quantile.", ConstLabels: cl,
+		Buckets: []float64{1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 43200, 86400},
+	}, []string{"repo"})
 	m.runs = register(reg, m.runs)
+	m.retries = register(reg, m.retries)
+	m.bisectionDepth = register(reg, m.bisectionDepth)
+	m.culprits = register(reg, m.culprits)
+	m.maxAttempts = register(reg, m.maxAttempts)
+	m.timeToMerge = register(reg, m.timeToMerge)
 	m.outcomes = register(reg, m.outcomes)
 	m.errors = register(reg, m.errors)
 	m.duration = register(reg, m.duration)

@@ -73,10 +73,14 @@ func (l *publishLoop) publish(ctx context.Context, b store.Batch, log *slog.Logg
 		}
 		if len(members) == 0 {
 			// Cannot happen through BatchClaim; fail loudly rather than open an empty MR.
-			_, err := l.s.settleFailure(ctx, b, CodeEmptyBatch, "the batch has no members", log)
+			_, err := l.s.settleFailure(ctx, b, failure{ClassEmpty, "the batch has no members"}, log)
 			return err
 		}
 		files, err := fileActions(members)
+		if err != nil {
+			return err
+		}
+		why, err := l.s.st.BatchMemberReasons(ctx, b.ID)
 		if err != nil {
 			return err
 		}
@@ -95,7 +99,7 @@ func (l *publishLoop) publish(ctx context.Context, b store.Batch, log *slog.Logg
 			SourceBranch: branch,
 			TargetBranch: l.cfg.target,
 			Title:        mrTitle(b, members),
-			Description:  mrDescription(b, members),
+			Description:  mrDescription(b, members, why),
 			Labels:       []string{mr.Label},
 		})
 		if err != nil {
@@ -235,13 +239,19 @@ func commitMessage(b store.Batch, members []store.Operation) string {
 	return fmt.Sprintf("batcherd: batch %d (%d operations)", b.ID, len(members))
 }
 
-// mrDescription lists the batch id and every operation id (DESIGN §5, contract).
-func mrDescription(b store.Batch, members []store.Operation) string {
+// mrDescription lists the batch id and every operation id (DESIGN §5, contract), with
+// why the round exists and why each member is in it (first try, retry, half k of a
+// bisection at depth d).
+func mrDescription(b store.Batch, members []store.Operation, why map[string]string) string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "Batch %d for `%s`, opened by batcherd.\n\n", b.ID, b.Repo)
-	fmt.Fprintf(&sb, "batch_id: %d\n\nOperations (%d):\n\n", b.ID, len(members))
+	fmt.Fprintf(&sb, "batch_id: %d\n\nRound: %s\n\nOperations (%d):\n\n", b.ID, roundWhy(b), len(members))
 	for _, op := range members {
-		fmt.Fprintf(&sb, "- %s %s `%s` → `%s`\n", op.OperationID, op.Action, op.Subject, op.Target)
+		fmt.Fprintf(&sb, "- %s %s `%s` → `%s`", op.OperationID, op.Action, op.Subject, op.Target)
+		if w := why[op.OperationID]; w != "" {
+			fmt.Fprintf(&sb, " — %s", w)
+		}
+		sb.WriteString("\n")
 	}
 	return sb.String()
 }

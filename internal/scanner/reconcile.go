@@ -21,10 +21,11 @@ const (
 
 // reconcileConfig is the reconcile loop's slice of Config.
 type reconcileConfig struct {
-	interval time.Duration // also the reservation lease: the next check of a batch
-	mode     MergeMode
-	limit    int
-	workers  int
+	interval  time.Duration // also the reservation lease: the next check of a batch
+	mode      MergeMode
+	onFailure FailureMode
+	limit     int
+	workers   int
 }
 
 // reconcileLoop follows the MR of every active batch that is due for a check, taken
@@ -64,7 +65,7 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.
 	m, err := l.s.gl.GetMR(ctx, b.Repo, *b.MRIID)
 	if mr.ClassOf(err) == mr.ClassNotFound {
 		// The MR was deleted (or the project moved): nothing can merge it any more.
-		_, err = l.s.settleFailure(ctx, b, CodeMRMissing, fmt.Sprintf("merge request !%d no longer exists", *b.MRIID), log)
+		_, err = l.s.settleFailure(ctx, b, failure{ClassMRMissing, fmt.Sprintf("merge request !%d no longer exists", *b.MRIID)}, log)
 		return err
 	}
 	if err != nil {
@@ -75,7 +76,13 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.
 		_, err := l.s.settleSucceeded(ctx, b, log)
 		return err
 	case mr.StateClosed:
-		_, err := l.s.settleFailure(ctx, b, CodeMRClosed, fmt.Sprintf("merge request !%d was closed without merging", m.IID), log)
+		f := failure{ClassClosedByUser, fmt.Sprintf("merge request !%d was closed without merging, not by batcherd", m.IID)}
+		if b.FailClass != "" {
+			// batcherd recorded a failure class before closing it: a settle that did not
+			// finish. Resume it with that class.
+			f = failure{b.FailClass, fmt.Sprintf("merge request !%d closed by batcherd settling the batch as %s (settlement resumed)", m.IID, b.FailClass)}
+		}
+		_, err := l.s.settleFailure(ctx, b, f, log)
 		return err
 	case mr.StateOpened:
 	default:
@@ -83,6 +90,13 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.
 	}
 
 	if code, msg := blockReason(b, m); code != "" {
+		if l.cfg.onFailure == FailureIsolate {
+			if class := failureClass(code, m); class != "" {
+				// Isolate at once: close the MR and retry, bisect or quarantine.
+				_, err := l.s.settleFailure(ctx, b, failure{class, msg}, log)
+				return err
+			}
+		}
 		if b.Status == store.BatchBlocked {
 			return nil // still blocked; the timeout sweep bounds how long
 		}
@@ -163,6 +177,20 @@ func blockReason(b store.Batch, m mr.MergeRequest) (code, msg string) {
 		return CodeHeadMoved, fmt.Sprintf("the head of %s is %s, not the commit batcherd made (%s)", m.SourceBranch, short(m.SHA), short(b.MRSHA))
 	}
 	return "", ""
+}
+
+// failureClass maps a block reason to the failure class the policy acts on, or "" for
+// a reason that waits for an operator even in isolate mode: a head that moved away
+// from batcherd's commit means someone pushed to the batch branch, and batcherd does
+// not second-guess them (the timeout bounds the wait).
+func failureClass(code string, m mr.MergeRequest) string {
+	switch code {
+	case CodePipelineFailed:
+		return pipelineClass(m.PipelineStatus, m.FailureReason)
+	case CodeMergeConflict, CodeNeedRebase:
+		return ClassConflict
+	}
+	return ""
 }
 
 func short(sha string) string {

@@ -74,6 +74,20 @@ type Config struct {
 	ScanLimit        int           // [200] candidates read per fetch
 	Workers          int           // [4] batches one loop handles concurrently
 
+	// Failure isolation (policy.go).
+	OnFailure FailureMode // [isolate] isolate: classify a failed pipeline or conflict and retry/bisect/quarantine at once; block: keep the batch BLOCKED for an operator (the timeout then applies the policy)
+	// InfraRetries: retries of the same members after an infrastructure failure, a
+	// timeout, GitLab trouble or a missing MR [1]; negative means none.
+	InfraRetries int
+	// ConflictRetries: rebuilds on the new target head after a merge conflict (or a
+	// pipeline failure without a readable reason) before bisecting [1]; negative means none.
+	ConflictRetries int
+	// NoBisect turns bisection off: a test failure fails every member (reason test).
+	NoBisect bool
+	// MaxAttempts bounds the charged attempts (first try and retries; bisection rounds
+	// are free) of one operation [3]; then it fails with reason max_attempts.
+	MaxAttempts int
+
 	StartJitter time.Duration // [5s] max random delay before a loop's first run
 	BackoffBase time.Duration // [1s] first retry delay after a failed run
 	BackoffMax  time.Duration // [1m] cap of the retry delay
@@ -100,6 +114,16 @@ func (c Config) withDefaults() Config {
 		c.MergeMode = MergeAuto
 	}
 	defInt(&c.MaxBatchSize, 500)
+	if c.OnFailure == "" {
+		c.OnFailure = FailureIsolate
+	}
+	if c.InfraRetries == 0 {
+		c.InfraRetries = 1
+	}
+	if c.ConflictRetries == 0 {
+		c.ConflictRetries = 1
+	}
+	defInt(&c.MaxAttempts, 3)
 	def(&c.ReconcileInterval, 10*time.Second)
 	def(&c.BatchTimeout, 30*time.Minute)
 	def(&c.ShutdownTimeout, 20*time.Second)
@@ -132,6 +156,11 @@ func (c Config) Validate() error {
 	if _, err := cron.ParseStandard(c.ClaimSchedule); err != nil {
 		return fmt.Errorf("claim schedule %q: %w", c.ClaimSchedule, err)
 	}
+	switch c.OnFailure {
+	case FailureIsolate, FailureBlock:
+	default:
+		return fmt.Errorf("on failure %q: want isolate or block", c.OnFailure)
+	}
 	return nil
 }
 
@@ -142,6 +171,7 @@ type Scanner struct {
 	gl  GitLab // instrumented
 	log *slog.Logger
 	m   *metrics
+	pol policy
 
 	claim     *claimLoop
 	publish   *publishLoop
@@ -185,10 +215,16 @@ func New(cfg Config, st *store.Store, gl GitLab, log *slog.Logger, reg prometheu
 		kickPublish:   make(chan struct{}, 1),
 		kickReconcile: make(chan struct{}, 1),
 		draining:      make(chan struct{}),
+		pol: policy{
+			infraRetries:    max(cfg.InfraRetries, 0),
+			conflictRetries: max(cfg.ConflictRetries, 0),
+			bisect:          !cfg.NoBisect,
+			maxAttempts:     cfg.MaxAttempts,
+		},
 	}
 	s.claim = &claimLoop{s: s, cfg: claimConfig{repos: cfg.Repos, schedule: cfg.ClaimSchedule, maxBatch: cfg.MaxBatchSize}, log: log.With("loop", "claim")}
 	s.publish = &publishLoop{s: s, cfg: publishConfig{interval: cfg.PublishInterval, lease: cfg.PublishLease, target: cfg.TargetBranch, mode: cfg.MergeMode, limit: cfg.ScanLimit, workers: cfg.Workers}, log: log.With("loop", "publish")}
-	s.reconcile = &reconcileLoop{s: s, cfg: reconcileConfig{interval: cfg.ReconcileInterval, mode: cfg.MergeMode, limit: cfg.ScanLimit, workers: cfg.Workers}, log: log.With("loop", "reconcile")}
+	s.reconcile = &reconcileLoop{s: s, cfg: reconcileConfig{interval: cfg.ReconcileInterval, mode: cfg.MergeMode, onFailure: cfg.OnFailure, limit: cfg.ScanLimit, workers: cfg.Workers}, log: log.With("loop", "reconcile")}
 	s.timeout = &timeoutLoop{s: s, cfg: timeoutConfig{interval: cfg.TimeoutInterval, timeout: cfg.BatchTimeout, lease: cfg.SettleLease, limit: cfg.ScanLimit, workers: cfg.Workers}, log: log.With("loop", "timeout")}
 	s.expiry = &expiryLoop{s: s, cfg: expiryConfig{interval: cfg.ExpiryInterval, limit: cfg.ScanLimit}, log: log.With("loop", "expiry")}
 	s.cleanup = &cleanupLoop{s: s, cfg: cleanupConfig{interval: cfg.CleanupInterval, chunk: cfg.CleanupChunk, retention: cfg.WaitingRetention}, log: log.With("loop", "cleanup")}
@@ -232,7 +268,9 @@ func (s *Scanner) Run(ctx context.Context) error {
 		{name: "orphans", run: s.orphans.runOnce, every: s.cfg.OrphanInterval},
 	}
 	s.log.Info("scanner starting", "repos", s.cfg.Repos, "merge_mode", s.cfg.MergeMode,
-		"claim_schedule", s.cfg.ClaimSchedule, "batch_timeout", s.cfg.BatchTimeout)
+		"claim_schedule", s.cfg.ClaimSchedule, "batch_timeout", s.cfg.BatchTimeout,
+		"on_failure", s.cfg.OnFailure, "infra_retries", s.pol.infraRetries,
+		"conflict_retries", s.pol.conflictRetries, "bisect", s.pol.bisect, "max_attempts", s.pol.maxAttempts)
 	var wg sync.WaitGroup
 	for _, l := range loops {
 		wg.Go(func() { s.runLoop(ctx, work, l) })

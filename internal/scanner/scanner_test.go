@@ -164,7 +164,8 @@ func TestRevokeDeletesFile(t *testing.T) {
 func TestPipelineFailureBlocksThenUnblocks(t *testing.T) {
 	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
 	ids := storetest.InsertQueuedOps(t, e.st, repo, 2)
-	s := e.scanner("a", nil)
+	// Block mode: a failed pipeline waits for an operator instead of being isolated.
+	s := e.scanner("a", func(c *Config) { c.OnFailure = FailureBlock })
 	ctx := context.Background()
 	res, _ := s.RunRound(ctx, repo)
 	if err := s.publish.runOnce(ctx); err != nil {
@@ -244,10 +245,16 @@ func TestManualModeMRClosedByHuman(t *testing.T) {
 		t.Fatal(err)
 	}
 	b = e.drive(s, res.BatchID, 10*time.Second)
-	if b.Status != store.BatchFailed || b.ErrorCode != CodeMRClosed {
-		t.Fatalf("batch %s %s, want failed mr_closed", b.Status, b.ErrorCode)
+	if b.Status != store.BatchFailed || b.ErrorCode != ClassClosedByUser {
+		t.Fatalf("batch %s %s, want failed closed_by_user", b.Status, b.ErrorCode)
 	}
-	e.requireFiles(repo, e.requireOps(ids, store.OpFailed), false)
+	ops := e.requireOps(ids, store.OpFailed)
+	for id, op := range ops {
+		if op.ErrorCode != ClassClosedByUser {
+			t.Errorf("operation %s failed with %s, want closed_by_user (no retry)", id, op.ErrorCode)
+		}
+	}
+	e.requireFiles(repo, ops, false)
 }
 
 func TestRunRoundUnknownRepoAndAllRepos(t *testing.T) {

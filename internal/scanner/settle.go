@@ -13,10 +13,10 @@ import (
 	"github.com/batcherd/batcherd/internal/store"
 )
 
-// Failure codes recorded on a batch and its members by settle failure.
+// Failure codes recorded on a batch and its members by settle failure. The failure
+// classes of policy.go are codes too.
 const (
 	CodeTimeout      = "timeout"
-	CodeMRClosed     = "mr_closed"
 	CodeMRMissing    = "mr_missing"
 	CodeManualSettle = "manual_settle"
 	CodeEmptyBatch   = "empty_batch"
@@ -28,19 +28,24 @@ const (
 var errStillOpen = errors.New("merge request still open after closing it")
 
 // settleFailure settles an active batch b (whose version the caller just read or
-// reserved) as failed. Order matters (DESIGN §4, fencing):
+// reserved) as failed with the classified failure f, and applies the failure policy to
+// its members. Order matters (DESIGN §4, fencing):
 //
 //  1. find the MR by the recorded iid, or by the deterministic branch when none is
 //     recorded yet — a publish in flight may have opened it;
-//  2. if it is open, close it;
+//  2. if it is open, record the failure class on the batch (guarded), then close it:
+//     a closed MR on a batch without a recorded class was closed by a human, one with
+//     it by a batcherd settle that did not finish, resumed with the same class;
+//     if it was already closed and no class was recorded, a human closed it first;
 //  3. read it again: merged wins (it merged between our read and our close) → settle
 //     success;
-//  4. otherwise fail the batch in one store transaction, batch guard first, so a second
-//     settler fails at its first statement and changes nothing.
+//  4. otherwise plan each member's fate (retry, bisect, fail with a reason) from the
+//     batch's waiting rows and apply it in one store transaction, batch guard first,
+//     so a second settler fails at its first statement and changes nothing.
 //
 // GitLab trouble at steps 1–3 aborts the settle (the batch stays active and is retried):
 // failing a batch whose MR may still merge is what fencing forbids.
-func (s *Scanner) settleFailure(ctx context.Context, b store.Batch, code, msg string, log *slog.Logger) (store.Batch, error) {
+func (s *Scanner) settleFailure(ctx context.Context, b store.Batch, f failure, log *slog.Logger) (store.Batch, error) {
 	var (
 		m     mr.MergeRequest
 		found bool
@@ -63,12 +68,26 @@ func (s *Scanner) settleFailure(ctx context.Context, b store.Batch, code, msg st
 	}
 	s.step(ctx, "settle.found", b.ID)
 	if found {
-		if m.State == mr.StateLocked {
+		switch m.State {
+		case mr.StateLocked:
 			// GitLab is merging it right now: the outcome is about to be known, and
 			// failing the batch first could put it behind a merge. Retry later.
 			return b, fmt.Errorf("settle batch %d: MR !%d is locked (merging): %w", b.ID, m.IID, errStillOpen)
-		}
-		if m.State == mr.StateOpened {
+		case mr.StateClosed:
+			if b.FailClass == "" && retriable(f.class) && f.class != ClassClosedByUser {
+				// Closed before batcherd ever decided to close it: a human did.
+				f = failure{ClassClosedByUser, fmt.Sprintf("merge request !%d was closed without merging (not by batcherd) while the batch was being failed for %s: %s", m.IID, f.class, f.msg)}
+			}
+		case mr.StateOpened:
+			if b.FailClass != f.class {
+				// The class goes on record before the close (guarded; bumps version).
+				nb, err := s.st.BatchMarkFailing(ctx, b.ID, b.Version, f.class)
+				if err != nil {
+					return b, err
+				}
+				b = nb
+				s.step(ctx, "settle.marked", b.ID)
+			}
 			if _, err := s.gl.CloseMR(ctx, b.Repo, m.IID); err != nil {
 				return b, err
 			}
@@ -82,21 +101,43 @@ func (s *Scanner) settleFailure(ctx context.Context, b store.Batch, code, msg st
 		s.step(ctx, "settle.reread", b.ID)
 		switch m.State {
 		case mr.StateMerged:
-			log.Info("merge request merged while being failed: merged wins", "mr_iid", m.IID, "code", code)
+			log.Info("merge request merged while being failed: merged wins", "mr_iid", m.IID, "class", f.class)
 			return s.settleSucceeded(ctx, b, log)
 		case mr.StateClosed:
 		default:
 			return b, fmt.Errorf("settle batch %d: MR !%d is %s: %w", b.ID, m.IID, m.State, errStillOpen)
 		}
 	}
-	nb, err := s.st.BatchSettleFailed(ctx, b.ID, b.Status, b.Version, code, msg)
+	members, err := s.st.BatchWaitingMembers(ctx, b.ID)
+	if err != nil {
+		return b, err
+	}
+	fates, out := s.pol.plan(b, f, members)
+	nb, err := s.st.BatchSettleRequeue(ctx, b.ID, b.Status, b.Version, f.class, truncate(f.msg, 1024), fates)
 	if err != nil {
 		return b, err
 	}
 	s.step(ctx, "settle.settled", b.ID)
-	s.m.settles.WithLabelValues("failed", code).Inc()
+	s.m.settles.WithLabelValues("failed", f.class).Inc()
 	s.observeBatch(nb, "failed")
-	log.Info("batch failed", "code", code, "message", msg, "operations", nb.Size)
+	switch out.action {
+	case "retry":
+		s.m.retries.WithLabelValues(f.class).Inc()
+	case "bisect":
+		s.m.bisectionDepth.Observe(float64(out.bisectedTo))
+	}
+	if out.culprits > 0 {
+		s.m.culprits.WithLabelValues(b.Repo).Add(float64(out.culprits))
+	}
+	if out.maxed > 0 {
+		s.m.maxAttempts.WithLabelValues(b.Repo).Add(float64(out.maxed))
+	}
+	log.Info("batch failed", "class", f.class, "message", f.msg, "operations", nb.Size,
+		"action", out.action, "retried", out.retried, "culprits", out.culprits, "max_attempts", out.maxed,
+		"depth", b.Depth, "kind", b.Kind)
+	if out.action == "retry" || out.action == "bisect" {
+		s.followUp(ctx, b.Repo)
+	}
 	return nb, nil
 }
 
@@ -109,7 +150,12 @@ func (s *Scanner) settleSucceeded(ctx context.Context, b store.Batch, log *slog.
 	s.step(ctx, "settle.succeeded", b.ID)
 	s.m.settles.WithLabelValues("succeeded", "").Inc()
 	s.observeBatch(nb, "succeeded")
+	s.observeMerged(ctx, nb, log)
 	log.Info("batch merged", "operations", nb.Size)
+	if nb.Depth > 0 || nb.Kind != store.KindFirstTry {
+		// A bisection half or a retry merged: the next half may be waiting.
+		s.followUp(ctx, nb.Repo)
+	}
 	return nb, nil
 }
 
@@ -137,6 +183,7 @@ func (s *Scanner) mergedAfterFailed(ctx context.Context, b store.Batch, m mr.Mer
 		log.Warn("recording the merged-after-failed event failed", "err", err)
 	}
 	s.observeBatch(nb, "succeeded")
+	s.observeMerged(ctx, nb, log)
 	return nil
 }
 
@@ -181,7 +228,7 @@ func (s *Scanner) SettleBatch(ctx context.Context, id int64) (store.Batch, error
 		if err != nil {
 			return b, err
 		}
-		_, err = s.settleFailure(ctx, rb, CodeManualSettle, "settled as failed by an operator", log)
+		_, err = s.settleFailure(ctx, rb, failure{ClassManual, "settled as failed by an operator"}, log)
 		if isLost(err) {
 			lastErr = err
 			continue
@@ -198,6 +245,22 @@ func (s *Scanner) SettleBatch(ctx context.Context, id int64) (store.Batch, error
 func (s *Scanner) observeBatch(b store.Batch, outcome string) {
 	if b.FinishedAt != nil && !b.CreatedAt.IsZero() {
 		s.m.batchDuration.WithLabelValues(outcome).Observe(b.FinishedAt.Sub(b.CreatedAt).Seconds())
+	}
+}
+
+// observeMerged records the time to merge of each operation a batch merged (creation
+// to settlement, DB clock), per repository. Metrics only: a failed read is logged.
+func (s *Scanner) observeMerged(ctx context.Context, b store.Batch, log *slog.Logger) {
+	lat, err := s.st.BatchMergeLatencies(ctx, b.ID)
+	if err != nil {
+		if !isCanceled(err) {
+			log.Debug("reading merge latencies failed", "err", err)
+		}
+		return
+	}
+	h := s.m.timeToMerge.WithLabelValues(b.Repo)
+	for _, v := range lat {
+		h.Observe(v)
 	}
 }
 

@@ -41,12 +41,16 @@ func (l *timeoutLoop) runOnce(ctx context.Context) error {
 		}
 		l.s.step(ctx, "timeout.reserved", b.ID)
 		msg := fmt.Sprintf("batch did not finish within %s (status %s)", l.cfg.timeout, rb.Status)
+		class := ClassTimeout
 		if rb.Status == store.BatchBlocked && rb.ErrorMessage != "" {
 			msg += ": blocked: " + rb.ErrorMessage
 		} else if rb.MRIID == nil {
-			msg += ": no merge request was recorded"
+			// Publishing never got as far as recording an MR: GitLab refused or was
+			// unreachable for the whole timeout.
+			class = ClassUnavailable
+			msg += ": no merge request was recorded (GitLab unavailable or refusing the publish)"
 		}
-		_, err = l.s.settleFailure(ctx, rb, CodeTimeout, truncate(msg, 1024), log)
+		_, err = l.s.settleFailure(ctx, rb, failure{class, truncate(msg, 1024)}, log)
 		if err == nil {
 			l.s.m.outcomes.WithLabelValues("timeout", "timed_out").Inc()
 		}

@@ -255,6 +255,19 @@ type waitingRow struct {
 // one does not, the claim rolls back as preempted rather than half-claim, and keeps doing
 // so until an operator removes the stray row — a loud, visible state, not a silent one.
 func (s *Store) BatchClaim(ctx context.Context, repo string, max int) (ClaimResult, error) {
+	return s.claim(ctx, repo, max, false)
+}
+
+// BatchClaimFollowUp is BatchClaim when the oldest waiting row of repo is in a retry or
+// bisection group (a failed batch's members waiting for their next round), and
+// nothing_to_claim otherwise: the settling replica calls it so a bisection goes on
+// without waiting for the next scheduled round, while the ordinary queue keeps its
+// schedule.
+func (s *Store) BatchClaimFollowUp(ctx context.Context, repo string, max int) (ClaimResult, error) {
+	return s.claim(ctx, repo, max, true)
+}
+
+func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool) (ClaimResult, error) {
 	if max < 1 {
 		return ClaimResult{}, fmt.Errorf("store: BatchClaim max must be at least 1, got %d", max)
 	}
@@ -297,6 +310,10 @@ func (s *Store) BatchClaim(ctx context.Context, repo string, max int) (ClaimResu
 				return errRollback
 			}
 			return err
+		}
+		if groupsOnly && grp == "" {
+			res.Outcome = ClaimNothingToClaim
+			return errRollback
 		}
 		var rows []waitingRow
 		if err := tx.SelectContext(ctx, &rows, qClaimRead, repo, grp, max); err != nil {
@@ -697,8 +714,8 @@ type settledOp struct {
 // sorted. from is RUNNING or BLOCKED normally, FAILED when a human merged an MR after
 // batcherd failed it (merged wins). ErrLostRace when another settler was first.
 //
-// Members of a bisection half also get a bystander event: they were in a failed batch
-// and this merge clears them.
+// Members of a bisection half (or of a retry of one) also get a bystander event: they
+// were in a failed batch and this merge clears them.
 func (s *Store) BatchSettleSucceeded(ctx context.Context, id int64, from BatchStatus, version int64) (Batch, error) {
 	opFrom, grantFrom, revokeFrom := OpInBatch, BindingPending, BindingRevoking
 	detail := "merge request merged"
@@ -746,11 +763,13 @@ func (s *Store) BatchSettleSucceeded(ctx context.Context, id int64, from BatchSt
 			EventMemberMerged, settled, fmt.Sprintf("batch %d merged: %s", id, detail)); err != nil {
 			return err
 		}
-		if b.Kind == KindBisect && b.ParentID != nil {
+		// Depth > 0: the members went through a bisection (this batch is a half, or a
+		// retry of one) after an earlier batch of theirs failed; this merge clears them.
+		if b.Depth > 0 && b.ParentID != nil {
 			evs := make([]memberEvent, len(settled))
 			for i, op := range settled {
 				evs[i] = memberEvent{op: op, code: EventBystander, verb: "bystander",
-					detail: fmt.Sprintf("not the culprit: bisection half of failed batch %d (depth %d) merged in batch %d", *b.ParentID, b.Depth, id)}
+					detail: fmt.Sprintf("not the culprit: merged in batch %d, a bisection round at depth %d (from failed batch %d)", id, b.Depth, *b.ParentID)}
 			}
 			return insertMemberEvents(ctx, tx, id, evs)
 		}

@@ -167,13 +167,21 @@ func (s *Sim) poisoned(p *project, sha string) (string, bool) {
 		return "", false
 	}
 	changes := diffFiles(base.files, c.files)
-	for _, r := range p.poison {
+	for i, r := range p.poison {
 		inPath, inContent := r.InPath, r.InContent
 		if !inPath && !inContent {
 			inPath, inContent = true, true
 		}
 		for path, ch := range changes {
 			if (inPath && strings.Contains(path, r.Substring)) || (inContent && !ch.del && strings.Contains(ch.content, r.Substring)) {
+				if r.Times > 0 {
+					// Count this use; the rule retires after its last one.
+					if r.Times == 1 {
+						p.poison = append(p.poison[:i:i], p.poison[i+1:]...)
+					} else {
+						p.poison[i].Times--
+					}
+				}
 				return r.FailureReason, true
 			}
 		}

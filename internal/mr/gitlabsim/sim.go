@@ -167,6 +167,9 @@ type PoisonRule struct {
 	InPath        bool   `json:"in_path"`    // match paths (default when both false: both)
 	InContent     bool   `json:"in_content"` // match contents
 	FailureReason string `json:"failure_reason"`
+	// Times, when positive, retires the rule after it has failed that many pipelines
+	// (a flaky runner that fails once, then recovers). Zero: for ever.
+	Times int `json:"times,omitempty"`
 }
 
 // Call is one API request the simulator answered (control calls are not recorded).

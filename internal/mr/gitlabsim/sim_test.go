@@ -381,3 +381,18 @@ func TestFaultsAndControlAPI(t *testing.T) {
 	want(t, ctl("POST", "projects/"+pid+"/merge_requests/77/close", nil), 404, "")
 	want(t, ctl("POST", "projects", map[string]any{"path": "new/proj"}), 200, `{"id":2}`)
 }
+
+// A poison rule with Times fails that many pipelines, then retires: a runner that
+// fails once and recovers.
+func TestPoisonTimes(t *testing.T) {
+	sim := gitlabsim.StartTest(t, gitlabsim.Options{Projects: []string{proj}})
+	must(t, sim.AddPoison(proj, gitlabsim.PoisonRule{Substring: "x", InPath: true, FailureReason: "runner_system_failure", Times: 1}))
+	first, _ := openMR(t, sim, "p1", "x1.yaml", "a")
+	second, _ := openMR(t, sim, "p2", "x2.yaml", "b")
+	if st, _ := sim.MR(proj, first); st.PipelineStatus != "failed" {
+		t.Fatalf("first pipeline %s, want failed", st.PipelineStatus)
+	}
+	if st, _ := sim.MR(proj, second); st.PipelineStatus != "success" {
+		t.Fatalf("second pipeline %s, want success (rule retired after one use)", st.PipelineStatus)
+	}
+}
