@@ -97,6 +97,11 @@ func New(ctx context.Context, cfg *config.Config, env Env) (*App, error) {
 		ReconcileInterval: cfg.ReconcileInterval,
 		BatchTimeout:      cfg.BatchTimeout,
 		ShutdownTimeout:   cfg.ShutdownTimeout,
+		OnFailure:         scanner.FailureMode(cfg.OnFailure),
+		InfraRetries:      retriesOrNone(cfg.InfraRetries),
+		ConflictRetries:   retriesOrNone(cfg.ConflictRetries),
+		NoBisect:          !cfg.Bisect,
+		MaxAttempts:       cfg.MaxAttempts,
 	}
 	if env.TuneScanner != nil {
 		env.TuneScanner(&scfg)
@@ -190,4 +195,13 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	a.log.Info("stopped")
 	return runErr
+}
+
+// retriesOrNone maps a configured retry count to scanner.Config's convention, where
+// zero takes the default and a negative count means none.
+func retriesOrNone(n int) int {
+	if n <= 0 {
+		return -1
+	}
+	return n
 }

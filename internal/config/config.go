@@ -53,6 +53,10 @@ type Config struct {
 	ReconcileInterval time.Duration `env:"RECONCILE_INTERVAL, default=10s" desc:"how often an active batch's MR is checked"`
 	BatchTimeout      time.Duration `env:"BATCH_TIMEOUT, default=30m" desc:"an active batch older than this is settled as failed (DB clock)"`
 	MaxAttempts       int           `env:"MAX_ATTEMPTS, default=3" desc:"most batches one operation takes part in before it fails for good"`
+	OnFailure         string        `env:"ON_FAILURE, default=isolate" desc:"what a failed pipeline or a merge conflict does: isolate (classify, then retry, bisect or quarantine at once) or block (the batch stays blocked for an operator until BATCHERD_BATCH_TIMEOUT)"`
+	InfraRetries      int           `env:"INFRA_RETRIES, default=1" desc:"retries of the same members as one group, without bisection, after an infrastructure failure (runner, stuck, scheduler, API, canceled), a batch timeout or GitLab trouble; then they fail"`
+	ConflictRetries   int           `env:"CONFLICT_RETRIES, default=1" desc:"rebuilds on the new target head after a merge conflict (or a pipeline failure without a reason) before bisecting"`
+	Bisect            bool          `env:"BISECT, default=true" desc:"on a test failure (script_failure) split the batch into halves, recursively, until the culprit is alone (reason culprit); false fails every member"`
 	ShutdownTimeout   time.Duration `env:"SHUTDOWN_TIMEOUT, default=20s" desc:"graceful shutdown bound on SIGTERM"`
 	ReplicaID         string        `env:"REPLICA_ID" desc:"name of this replica in logs and metrics (default: hostname)"`
 
@@ -190,6 +194,17 @@ func (c *Config) Validate(n Need) error {
 		}
 		if c.MaxAttempts < 1 {
 			bad("MAX_ATTEMPTS", "must be at least 1, got %d", c.MaxAttempts)
+		}
+		switch c.OnFailure {
+		case "isolate", "block":
+		default:
+			bad("ON_FAILURE", "must be isolate or block, got %q", c.OnFailure)
+		}
+		if c.InfraRetries < 0 || c.InfraRetries > 10 {
+			bad("INFRA_RETRIES", "must be between 0 and 10, got %d", c.InfraRetries)
+		}
+		if c.ConflictRetries < 0 || c.ConflictRetries > 10 {
+			bad("CONFLICT_RETRIES", "must be between 0 and 10, got %d", c.ConflictRetries)
 		}
 		if c.ShutdownTimeout <= 0 {
 			bad("SHUTDOWN_TIMEOUT", "must be positive")

@@ -28,7 +28,8 @@ func TestDefaults(t *testing.T) {
 	c := load(t, nil)
 	if c.HTTPAddr != ":8080" || c.ClaimSchedule != "@every 30s" || c.MaxBatchSize != 500 ||
 		c.MergeMode != "auto" || c.ReconcileInterval != 10*time.Second || c.BatchTimeout != 30*time.Minute ||
-		c.ShutdownTimeout != 20*time.Second || c.IdempotencyTTL != 24*time.Hour || c.TargetBranch != "main" {
+		c.ShutdownTimeout != 20*time.Second || c.IdempotencyTTL != 24*time.Hour || c.TargetBranch != "main" ||
+		c.MaxAttempts != 3 || c.OnFailure != "isolate" || c.InfraRetries != 1 || c.ConflictRetries != 1 || !c.Bisect {
 		t.Fatalf("unexpected defaults: %+v", c)
 	}
 }
@@ -36,13 +37,15 @@ func TestDefaults(t *testing.T) {
 func TestValidateNamesEveryBadVariable(t *testing.T) {
 	c := load(t, map[string]string{
 		"MERGE_MODE": "yolo", "CLAIM_SCHEDULE": "not cron", "MAX_BATCH_SIZE": "0", "GITLAB_URL": "gitlab.local",
+		"ON_FAILURE": "pray", "INFRA_RETRIES": "-1", "CONFLICT_RETRIES": "11",
 	})
 	err := c.Validate(Need{DB: true, GitLab: true, Serve: true})
 	if err == nil {
 		t.Fatal("want errors")
 	}
 	for _, name := range []string{"BATCHERD_MYSQL_DSN", "BATCHERD_MERGE_MODE", "BATCHERD_CLAIM_SCHEDULE",
-		"BATCHERD_MAX_BATCH_SIZE", "BATCHERD_GITLAB_URL", "BATCHERD_GITLAB_TOKEN", "BATCHERD_REPOS", "BATCHERD_API_TOKENS"} {
+		"BATCHERD_MAX_BATCH_SIZE", "BATCHERD_GITLAB_URL", "BATCHERD_GITLAB_TOKEN", "BATCHERD_REPOS", "BATCHERD_API_TOKENS",
+		"BATCHERD_ON_FAILURE", "BATCHERD_INFRA_RETRIES", "BATCHERD_CONFLICT_RETRIES"} {
 		if !strings.Contains(err.Error(), name) {
 			t.Errorf("error does not name %s:\n%v", name, err)
 		}
