@@ -837,9 +837,14 @@ func opIDsOf(ops []settledOp) []string {
 }
 
 // moveOps moves locked member operations of batch id from → to with an error code and
-// message, in chunks. We hold the row locks since lockMembers, so anything but a full
-// match means the rows are not what we locked: refuse rather than half-settle.
+// message, in chunks. A move to queued (a requeue) also clears batch_id: the operation
+// waits again. We hold the row locks since lockMembers, so anything but a full match
+// means the rows are not what we locked: refuse rather than half-settle.
 func moveOps(ctx context.Context, tx *sqlx.Tx, id int64, opIDs []string, from, to OpStatus, code, message string) error {
+	clear := ""
+	if to == OpQueued {
+		clear = "batch_id = NULL, "
+	}
 	return forChunks(len(opIDs), maxInPlaceholders, func(lo, hi int) error {
 		upd := make([]any, 0, hi-lo+5)
 		upd = append(upd, to, code, message)
@@ -848,7 +853,7 @@ func moveOps(ctx context.Context, tx *sqlx.Tx, id int64, opIDs []string, from, t
 		}
 		upd = append(upd, id, from)
 		r, err := tx.ExecContext(ctx,
-			`UPDATE operation SET status = ?, error_code = ?, error_message = ?,
+			`UPDATE operation SET status = ?, error_code = ?, error_message = ?, `+clear+`
 			        version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
 			  WHERE operation_id IN (`+inPlaceholders(hi-lo)+`) AND batch_id = ? AND status = ?`, upd...)
 		if err != nil {

@@ -1,0 +1,278 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/batcherd/batcherd/internal/store"
+	"github.com/batcherd/batcherd/internal/store/storetest"
+)
+
+// waitingCreated returns the created_at of each operation's waiting row.
+func waitingCreated(t *testing.T, st *store.Store, ids []string) map[string]time.Time {
+	t.Helper()
+	out := map[string]time.Time{}
+	for _, id := range ids {
+		var ts time.Time
+		if err := st.DB().Get(&ts, "SELECT created_at FROM merge_batch_request WHERE operation_id = ?", id); err != nil {
+			t.Fatalf("waiting row of %s: %v", id, err)
+		}
+		out[id] = ts
+	}
+	return out
+}
+
+func eventCodes(t *testing.T, st *store.Store, id string) []string {
+	t.Helper()
+	evs, err := st.OperationEvents(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range evs {
+		out = append(out, e.Code)
+	}
+	return out
+}
+
+// A failed batch's members go back to the waiting set as two bisection halves (and one
+// fails as the culprit) in one transaction; the halves keep their queue position, so
+// the next claims take half 1, then half 2, then what was admitted meanwhile — each
+// claim one group only, with the same guarded writes.
+func TestRequeueBisectionHalvesKeepQueuePosition(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := context.Background()
+	const repo = "g/bisect"
+	grants := storetest.InsertQueuedOps(t, st, repo, 6)
+	revokes := storetest.InsertOps(t, st, storetest.Ops{Repo: repo, N: 2, Action: store.ActionRevoke, Admit: true})
+	all := append(slices.Clone(grants), revokes...)
+	res := btClaim(t, st, repo, 100, store.ClaimClaimed)
+	if res.Kind != store.KindFirstTry || res.Group != "" || len(res.OperationIDs) != 8 {
+		t.Fatalf("first claim %+v", res)
+	}
+	before := waitingCreated(t, st, all)
+	time.Sleep(5 * time.Millisecond)
+	newer := storetest.InsertQueuedOps(t, st, repo, 3) // admitted while the batch runs
+
+	ms, err := st.BatchWaitingMembers(ctx, res.BatchID)
+	if err != nil || len(ms) != 8 {
+		t.Fatalf("BatchWaitingMembers = %d, %v", len(ms), err)
+	}
+	for _, m := range ms {
+		if m.Tries != 1 || m.Grp != "" || m.Kind != store.KindFirstTry {
+			t.Fatalf("claimed row %+v, want tries 1 in the ordinary queue", m)
+		}
+	}
+	b, _ := st.BatchGet(ctx, res.BatchID)
+	g1, g2 := fmt.Sprintf("b%d.1", b.ID), fmt.Sprintf("b%d.2", b.ID)
+	var plan []store.MemberFate
+	culprit := ms[7].OperationID // a revoke: its binding goes back to active
+	for i, m := range ms[:7] {
+		g, half := g1, 1
+		if i >= 4 {
+			g, half = g2, 2
+		}
+		plan = append(plan, store.MemberFate{OperationID: m.OperationID, Group: g, Kind: store.KindBisect, Depth: 1, Half: half, Event: "bisected", Detail: "half"})
+	}
+	plan = append(plan, store.MemberFate{OperationID: culprit, Code: "culprit", Message: "alone and failing", Event: "culprit"})
+	fb, err := st.BatchSettleRequeue(ctx, b.ID, store.BatchRunning, b.Version, "test", "pipeline failed", plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fb.Status != store.BatchFailed || fb.ErrorCode != "test" || fb.FailClass != "test" || len(fb.OperationIDs) != 8 {
+		t.Fatalf("settled batch %+v", fb)
+	}
+	// A second settle of the same version changes nothing.
+	if _, err := st.BatchSettleRequeue(ctx, b.ID, store.BatchRunning, b.Version, "test", "again", plan); !errors.Is(err, store.ErrLostRace) {
+		t.Fatalf("second settle = %v, want ErrLostRace", err)
+	}
+
+	requeued := make([]string, 0, 7)
+	for _, f := range plan[:7] {
+		requeued = append(requeued, f.OperationID)
+	}
+	btAll(t, "operation", btOpStatus(t, st, requeued), store.OpQueued)
+	if n := btCount(t, st, "SELECT COUNT(*) FROM operation WHERE batch_id IS NULL AND status = 'queued' AND attempts = 1 AND operation_id IN (?,?,?,?,?,?,?)",
+		requeued[0], requeued[1], requeued[2], requeued[3], requeued[4], requeued[5], requeued[6]); n != 7 {
+		t.Fatalf("%d requeued operations with batch_id NULL and attempts 1, want 7", n)
+	}
+	if got := btOpStatus(t, st, []string{culprit})[culprit]; got != store.OpFailed {
+		t.Fatalf("culprit %s", got)
+	}
+	var code string
+	_ = st.DB().Get(&code, "SELECT error_code FROM operation WHERE operation_id = ?", culprit)
+	if code != "culprit" {
+		t.Fatalf("culprit error_code %q", code)
+	}
+	// Bindings: requeued grants still pending, the requeued revoke still revoking, the
+	// failed revoke back to active.
+	for id, s := range btBindingStatus(t, st, requeued) {
+		if want := map[bool]store.BindingStatus{true: store.BindingPending, false: store.BindingRevoking}[slices.Contains(grants, id)]; s != want {
+			t.Fatalf("binding of requeued %s = %s, want %s", id, s, want)
+		}
+	}
+	if s := btBindingStatus(t, st, []string{culprit})[culprit]; s != store.BindingActive {
+		t.Fatalf("binding of the failed revoke = %s, want active", s)
+	}
+	// Waiting rows: requeued in their groups with created_at unchanged; the culprit's gone.
+	after := waitingCreated(t, st, requeued)
+	for id, ts := range after {
+		if !ts.Equal(before[id]) {
+			t.Fatalf("requeued %s moved in the queue: %s → %s", id, before[id], ts)
+		}
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM merge_batch_request WHERE operation_id = ?", culprit); n != 0 {
+		t.Fatalf("culprit still has a waiting row")
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM merge_batch_request WHERE batch_id IS NULL AND grp = ? AND parent_id = ? AND depth = 1 AND half = 1 AND kind = 'bisect'", g1, b.ID); n != 4 {
+		t.Fatalf("%d rows in %s, want 4", n, g1)
+	}
+	// Events: batch_failed and the outcome for each member.
+	if c := eventCodes(t, st, requeued[0]); !slices.Equal(c, []string{"claimed", "batch_failed", "bisected"}) {
+		t.Fatalf("requeued member's events %v", c)
+	}
+	if c := eventCodes(t, st, culprit); !slices.Equal(c, []string{"claimed", "batch_failed", "culprit"}) {
+		t.Fatalf("culprit's events %v", c)
+	}
+
+	// The follow-up claim takes half 1 only: 4 rows, bisect at depth 1, not charged.
+	h1, err := st.BatchClaimFollowUp(ctx, repo, 100)
+	if err != nil || h1.Outcome != store.ClaimClaimed || h1.Group != g1 || h1.Kind != store.KindBisect || h1.Depth != 1 ||
+		h1.ParentID == nil || *h1.ParentID != b.ID || !slices.Equal(h1.OperationIDs, requeued[:4]) {
+		t.Fatalf("half 1 claim = %+v, %v", h1, err)
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM merge_batch_request WHERE batch_id = ? AND tries = 1", h1.BatchID); n != 4 {
+		t.Fatalf("bisection claim charged an attempt (%d of 4 rows at tries 1)", n)
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM operation WHERE batch_id = ? AND attempts = 2", h1.BatchID); n != 4 {
+		t.Fatalf("operation attempts not counted at claim")
+	}
+	var why string
+	_ = st.DB().Get(&why, "SELECT why FROM merge_batch_member WHERE batch_id = ? LIMIT 1", h1.BatchID)
+	if why != fmt.Sprintf("half 1 of failed batch %d, bisection depth 1", b.ID) {
+		t.Fatalf("member why %q", why)
+	}
+	reasons, err := st.BatchMemberReasons(ctx, h1.BatchID)
+	if err != nil || len(reasons) != 4 || reasons[requeued[0]] != why {
+		t.Fatalf("BatchMemberReasons = %v, %v", reasons, err)
+	}
+	hb, _ := st.BatchGet(ctx, h1.BatchID)
+	if _, err := st.BatchRecordMR(ctx, hb.ID, hb.Version, store.MRRecord{IID: 7, URL: "u", SHA: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	hb, _ = st.BatchGet(ctx, h1.BatchID)
+	if _, err := st.BatchSettleSucceeded(ctx, hb.ID, store.BatchRunning, hb.Version); err != nil {
+		t.Fatal(err)
+	}
+	if c := eventCodes(t, st, requeued[0]); !slices.Equal(c, []string{"claimed", "batch_failed", "bisected", "claimed", "published", "merged", "bystander"}) {
+		t.Fatalf("bystander's events %v", c)
+	}
+	lat, err := st.BatchMergeLatencies(ctx, h1.BatchID)
+	if err != nil || len(lat) != 4 || lat[0] <= 0 {
+		t.Fatalf("BatchMergeLatencies = %v, %v", lat, err)
+	}
+
+	// Then half 2, then the newer ordinary rows; follow-up claims only take groups.
+	h2 := btClaim(t, st, repo, 100, store.ClaimClaimed)
+	if h2.Group != g2 || !slices.Equal(h2.OperationIDs, requeued[4:]) {
+		t.Fatalf("half 2 claim = %+v", h2)
+	}
+	h2b, _ := st.BatchGet(ctx, h2.BatchID)
+	if _, err := st.BatchSettleSucceeded(ctx, h2b.ID, store.BatchRunning, h2b.Version); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := st.BatchClaimFollowUp(ctx, repo, 100); err != nil || r.Outcome != store.ClaimNothingToClaim {
+		t.Fatalf("follow-up with only the ordinary queue waiting = %+v, %v", r, err)
+	}
+	if n := btActive(t, st, repo); n != 0 {
+		t.Fatalf("a rolled-back follow-up left %d active batches", n)
+	}
+	rest := btClaim(t, st, repo, 100, store.ClaimClaimed)
+	if rest.Group != "" || rest.Kind != store.KindFirstTry || !slices.Equal(rest.OperationIDs, newer) {
+		t.Fatalf("ordinary claim = %+v", rest)
+	}
+}
+
+// A retry group is charged an attempt at its claim; two settlers of the same version
+// race and exactly one requeues, once.
+func TestRequeueRetryRaceAndCharge(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := context.Background()
+	const repo = "g/retry"
+	ids := storetest.InsertQueuedOps(t, st, repo, 20)
+	res := btClaim(t, st, repo, 100, store.ClaimClaimed)
+	b, _ := st.BatchGet(ctx, res.BatchID)
+	g := fmt.Sprintf("b%d.r", b.ID)
+	var plan []store.MemberFate
+	for _, id := range ids {
+		plan = append(plan, store.MemberFate{OperationID: id, Group: g, Kind: store.KindRetryPrefix + "infra", Retries: 1, Event: "retry_infra"})
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Go(func() {
+			_, errs[i] = st.BatchSettleRequeue(ctx, b.ID, store.BatchRunning, b.Version, "infra", "runner", plan)
+		})
+	}
+	wg.Wait()
+	won := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			won++
+		case !errors.Is(err, store.ErrLostRace):
+			t.Fatalf("settle: %v", err)
+		}
+	}
+	if won != 1 {
+		t.Fatalf("%d settlers won, want 1", won)
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM audit_event WHERE code = 'retry_infra'"); n != 20 {
+		t.Fatalf("%d retry events, want 20", n)
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM merge_batch_request WHERE batch_id IS NULL AND grp = ? AND retries = 1 AND tries = 1", g); n != 20 {
+		t.Fatalf("%d rows requeued for retry, want 20", n)
+	}
+	r := btClaim(t, st, repo, 100, store.ClaimClaimed)
+	if r.Group != g || r.Kind != "retry_infra" || len(r.OperationIDs) != 20 {
+		t.Fatalf("retry claim %+v", r)
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM merge_batch_request WHERE batch_id = ? AND tries = 2", r.BatchID); n != 20 {
+		t.Fatalf("retry claim did not charge an attempt")
+	}
+	// A plan that names a member not in the batch, or omits one, fails the omitted one
+	// with the batch's code: nobody is stranded.
+	rb, _ := st.BatchGet(ctx, r.BatchID)
+	if _, err := st.BatchSettleRequeue(ctx, rb.ID, store.BatchRunning, rb.Version, "infra", "again",
+		[]store.MemberFate{{OperationID: ids[0], Group: "x", Kind: store.KindBisect}, {OperationID: "not-a-member", Group: "x"}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM operation WHERE status = 'failed' AND error_code = 'infra'"); n != 19 {
+		t.Fatalf("%d members failed with the batch's code, want 19", n)
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM merge_batch_request"); n != 1 {
+		t.Fatalf("%d waiting rows left, want the one requeued", n)
+	}
+}
+
+// BatchMarkFailing is a guarded write on an active batch: it records the class and
+// bumps version, and loses to a stale version.
+func TestBatchMarkFailing(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := context.Background()
+	storetest.InsertQueuedOps(t, st, "g/mark", 1)
+	res := btClaim(t, st, "g/mark", 10, store.ClaimClaimed)
+	b, _ := st.BatchGet(ctx, res.BatchID)
+	nb, err := st.BatchMarkFailing(ctx, b.ID, b.Version, "timeout")
+	if err != nil || nb.FailClass != "timeout" || nb.Version != b.Version+1 || nb.Status != store.BatchRunning {
+		t.Fatalf("BatchMarkFailing = %+v, %v", nb, err)
+	}
+	if _, err := st.BatchMarkFailing(ctx, b.ID, b.Version, "infra"); !errors.Is(err, store.ErrLostRace) {
+		t.Fatalf("stale mark = %v, want ErrLostRace", err)
+	}
+}
