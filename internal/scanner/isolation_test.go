@@ -441,3 +441,105 @@ func TestReplicaKilledMidBisection(t *testing.T) {
 		})
 	}
 }
+
+// TestConflictRebuiltOnNewHead: someone changes the same binding file on main while the
+// batch's MR is open; the conflict is retried once, rebuilt on the new target head, and
+// merges.
+func TestConflictRebuiltOnNewHead(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
+	ids := storetest.InsertQueuedOps(t, e.st, repo, 4)
+	s := e.scanner("a", nil)
+	ctx := context.Background()
+	res, _ := s.RunRound(ctx, repo)
+	if err := s.publish.runOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	op := e.ops(ids[:1])[ids[0]]
+	human := "subject: someone else\n"
+	if _, err := e.sim.PushToDefault(repo, map[string]*string{mr.BindingPath(op.Subject, op.Target): &human}, "hand edit"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the conflict settled and the retry claimed", func() bool {
+		_ = s.reconcile.runOnce(ctx)
+		b, _ := e.st.BatchGet(ctx, res.BatchID)
+		return b.Status == store.BatchFailed
+	})
+	first, _ := e.st.BatchGet(ctx, res.BatchID)
+	if first.ErrorCode != ClassConflict {
+		t.Fatalf("first batch failed with %s (%s), want conflict", first.ErrorCode, first.ErrorMessage)
+	}
+	var retryID int64
+	if err := e.st.DB().Get(&retryID, "SELECT id FROM merge_batch WHERE parent_id = ? AND kind = 'retry_conflict'", first.ID); err != nil {
+		t.Fatalf("no retry batch claimed at once: %v", err)
+	}
+	if err := s.publish.runOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rb, _ := e.st.BatchGet(ctx, retryID)
+	if rb.MRIID == nil {
+		t.Fatal("retry not published")
+	}
+	if err := e.sim.SucceedMRPipeline(repo, *rb.MRIID); err != nil {
+		t.Fatal(err)
+	}
+	if b := e.drive(s, retryID, 10*time.Second); b.Status != store.BatchSucceeded {
+		t.Fatalf("retry batch %s (%s: %s)", b.Status, b.ErrorCode, b.ErrorMessage)
+	}
+	e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+	if c := e.eventCodes(ids[0]); count(c, "retry_conflict") != 1 || count(c, store.EventMemberMerged) != 1 {
+		t.Errorf("events %v", c)
+	}
+	e.requireClean()
+}
+
+// TestTimeoutRetriedThenMaxAttempts: a batch that times out is retried once as a group;
+// with MAX_ATTEMPTS 1 the same failure fails the members with max_attempts instead.
+func TestTimeoutRetriedThenMaxAttempts(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		maxAttempts int
+	}{{"retried", 3}, {"max_attempts", 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
+			ids := storetest.InsertQueuedOps(t, e.st, repo, 3)
+			s := e.scanner("a", func(c *Config) { c.BatchTimeout = 500 * time.Millisecond; c.MaxAttempts = tc.maxAttempts })
+			ctx := context.Background()
+			res, _ := s.RunRound(ctx, repo)
+			if err := s.publish.runOnce(ctx); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(600 * time.Millisecond)
+			b := e.drive(s, res.BatchID, 10*time.Second)
+			if b.Status != store.BatchFailed || b.ErrorCode != ClassTimeout {
+				t.Fatalf("batch %s %s, want failed timeout", b.Status, b.ErrorCode)
+			}
+			if tc.maxAttempts == 1 {
+				for id, op := range e.requireOps(ids, store.OpFailed) {
+					if op.ErrorCode != ReasonMaxAttempts {
+						t.Errorf("%s failed with %s, want max_attempts", id, op.ErrorCode)
+					}
+				}
+				e.requireClean()
+				return
+			}
+			var retryID int64
+			if err := e.st.DB().Get(&retryID, "SELECT id FROM merge_batch WHERE parent_id = ? AND kind = 'retry_timeout'", b.ID); err != nil {
+				t.Fatalf("no retry: %v", err)
+			}
+			_ = s.publish.runOnce(ctx)
+			rb, _ := e.st.BatchGet(ctx, retryID)
+			if rb.MRIID == nil {
+				t.Fatal("retry not published")
+			}
+			if err := e.sim.SucceedMRPipeline(repo, *rb.MRIID); err != nil {
+				t.Fatal(err)
+			}
+			if rb = e.drive(s, retryID, 10*time.Second); rb.Status != store.BatchSucceeded {
+				t.Fatalf("retry %s", rb.Status)
+			}
+			e.requireOps(ids, store.OpMerged)
+			e.requireClean()
+		})
+	}
+}
