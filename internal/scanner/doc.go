@@ -19,13 +19,20 @@
 //
 //   - RUNNING and BLOCKED are "active": they hold the repository's slot (I1), so at
 //     most one of them exists per repository.
-//   - RUNNING → BLOCKED when the MR's pipeline failed (or was canceled), the MR has a
-//     conflict or needs a rebase, or its head moved away from the sha batcherd
-//     committed. The slot stays taken: a blocked batch is visible and waits for an
-//     operator (retry the pipeline, fix the conflict) or for the timeout.
+//   - A failed (or canceled) pipeline, a conflict or a needed rebase is classified and
+//     settled at once through the failure policy (policy.go, BATCHERD_ON_FAILURE=isolate,
+//     the default): the batch goes FAILED and its members are retried, bisected or
+//     failed with a reason. With BATCHERD_ON_FAILURE=block, and always when the head
+//     moved away from the sha batcherd committed, RUNNING → BLOCKED instead: the slot
+//     stays taken and the batch waits for an operator (retry the pipeline, fix the
+//     conflict) or for the timeout, which then applies the policy.
 //   - BLOCKED → RUNNING when the reason went away (e.g. the pipeline was retried and
 //     runs again); in auto mode the merge is re-armed.
 //   - RUNNING/BLOCKED → SUCCEEDED when the MR is merged; → FAILED on settle failure.
+//   - FAILED is final for the batch, not for its members: a failure settlement puts
+//     members back in the waiting set as a claim group (a retry of the same members, or
+//     one half of a bisection) in the same transaction, and later rounds take each
+//     group as its own batch (a new branch on the current target head).
 //   - FAILED → SUCCEEDED only when the MR merged anyway (a human merged it, or a merge
 //     landed while the batch was being failed): the database follows the repository,
 //     merged wins. SUCCEEDED is final.
@@ -47,10 +54,18 @@
 //     success; closed → settle failure; failed pipeline/conflict → BLOCKED; recovered →
 //     RUNNING; direct mode merges once the pipeline succeeded.
 //   - timeout (timeout.go): active batches older than BatchTimeout (DB clock) → settle
-//     failure.
-//   - settle (settle.go): settle failure closes the MR (found by recorded iid or by the
-//     branch even when none is recorded), re-reads it — merged wins — and only then
-//     fails the batch; SettleBatch exposes it to the admin API.
+//     failure (class timeout, or gitlab_unavailable when no MR was ever recorded).
+//   - settle (settle.go): settle failure records the failure class on the batch, closes
+//     the MR (found by recorded iid or by the branch even when none is recorded),
+//     re-reads it — merged wins — and only then fails the batch and applies the policy
+//     to its members in one store transaction; a closed MR on a batch without a
+//     recorded class was closed by a human (closed_by_user). When the settlement
+//     requeued members, the settling replica claims the next group at once
+//     (BatchClaimFollowUp) instead of waiting for the schedule. SettleBatch exposes it
+//     to the admin API.
+//   - policy (policy.go): classification (test, infra, conflict, unknown, timeout,
+//     gitlab_unavailable, closed_by_user, …) and each member's fate: retry the group,
+//     bisect into halves, culprit, max_attempts, or failed with the class.
 //   - expiry (expiry.go): active bindings past expires_at get a revoke operation.
 //   - cleanup (cleanup.go): expired idempotency keys and old waiting rows, in chunks.
 //   - orphans (orphans.go): open batcherd-labelled MRs whose batch is not active are
