@@ -82,6 +82,11 @@ type admitter struct {
 	queue   []*admitReq
 	running int // groups in flight (worker goroutines)
 
+	// compound: whether the server takes compound statements (admit_compound.go);
+	// optimisticSkip: groups left that skip the optimistic attempt after a miss.
+	compound       atomic.Int32
+	optimisticSkip atomic.Int32
+
 	// autoinc: how to compute the ids of a multi-row INSERT (read once).
 	autoincOnce sync.Once
 	autoincStep int64 // > 0: ids are first, first+step, …; 0: read them back
@@ -90,7 +95,7 @@ type admitter struct {
 }
 
 type admitCounters struct {
-	groups, grouped, serial, fallbacks, abandoned, maxGroup atomic.Int64
+	groups, compound, optimistic, optimisticMisses, grouped, serial, fallbacks, abandoned, maxGroup atomic.Int64
 }
 
 // submit queues r and waits for its group. It returns false when the caller's context
@@ -132,12 +137,13 @@ func (a *admitter) work(s *Store) {
 		}
 		a.mu.Lock()
 		var group []*admitReq
-		n := 0
-		for n < len(a.queue) && len(group) < a.opts.MaxGroup {
+		n, size := 0, 0
+		for n < len(a.queue) && len(group) < a.opts.MaxGroup && size < maxGroupBytes {
 			r := a.queue[n]
 			n++
 			if r.state.CompareAndSwap(0, 1) {
 				group = append(group, r)
+				size += approxBytes(r.p)
 			}
 		}
 		// Drop the taken prefix without keeping the backing array growing forever.
@@ -157,9 +163,22 @@ func (a *admitter) work(s *Store) {
 	}
 }
 
+// maxGroupBytes bounds the parameters of one group, far below max_allowed_packet (16 MiB
+// by default on MariaDB, 64 MiB on MySQL): attributes may be up to the API's body limit.
+const maxGroupBytes = 1 << 20
+
+// approxBytes is about how much a request adds to the group's statements.
+func approxBytes(p OperationCreateParams) int {
+	return 512 + 3*(len(p.Subject)+len(p.Target)) + 2*len(p.Repo) + len(p.IdempotencyKey) + len(p.Attributes)
+}
+
 // groupTimeout bounds one group's transaction. The group does not run on any caller's
 // context: one caller leaving must not roll back the others.
 const groupTimeout = 30 * time.Second
+
+// admitAfterRead, when set (tests only, admit_export_test.go), runs in every group
+// after its read and before its writes, so a test can move a row in between.
+var admitAfterRead func(ctx context.Context)
 
 // groupBinding is a binding as the group read it.
 type groupBinding struct {
@@ -227,40 +246,37 @@ func (s *Store) runAdmitGroup(a *admitter, group []*admitReq) {
 	if len(work) == 0 {
 		return
 	}
-	toSerial := func(rs []accepted) {
-		for _, x := range rs {
-			x.r.outcome, x.r.err = admitSerial, nil
-		}
-		a.stats.fallbacks.Add(1)
-		a.stats.serial.Add(int64(len(rs)))
+	if s.useCompound(ctx, a) {
+		a.stats.compound.Add(1)
+		s.groupCompound(ctx, a, work)
+	} else {
+		s.groupPlain(ctx, a, work)
 	}
+}
 
-	tx, err := s.db.BeginTxx(ctx, &sql.TxOptions{Isolation: opIso})
-	if err != nil {
-		for _, r := range work {
-			r.outcome = admitSerial
-		}
-		a.stats.fallbacks.Add(1)
-		a.stats.serial.Add(int64(len(work)))
-		return
+// fallback hands requests back to their callers' per-request transactions.
+func (a *admitter) fallback(rs []*admitReq, groupFailed bool) {
+	for _, r := range rs {
+		r.outcome, r.err = admitSerial, nil
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			_ = tx.Rollback()
-		}
-	}()
-
-	now, bindings, keys, err := admitRead(ctx, tx, work)
-	if err != nil {
-		for _, r := range work {
-			r.outcome = admitSerial
-		}
+	if groupFailed {
 		a.stats.fallbacks.Add(1)
-		a.stats.serial.Add(int64(len(work)))
-		return
 	}
+	a.stats.serial.Add(int64(len(rs)))
+}
 
+func acceptedReqs(acc []accepted) []*admitReq {
+	rs := make([]*admitReq, len(acc))
+	for i, x := range acc {
+		rs[i] = x.r
+	}
+	return rs
+}
+
+// decideGroup decides every request of the group on the group's read, in arrival
+// order, and returns the accepted ones. Refused requests get their answer here;
+// requests whose idempotency key is already stored go serial.
+func (a *admitter) decideGroup(work []*admitReq, now time.Time, bindings map[relKey]groupBinding, keys map[string]bool) []accepted {
 	var acc []accepted
 	for _, r := range work {
 		p := r.p
@@ -268,8 +284,7 @@ func (s *Store) runAdmitGroup(a *admitter, group []*admitReq) {
 			if _, stored := keys[p.IdempotencyKey]; stored {
 				// A repeat (live key) or an expired key to free: the serial path does
 				// both exactly as before.
-				r.outcome = admitSerial
-				a.stats.serial.Add(1)
+				a.fallback([]*admitReq{r}, false)
 				continue
 			}
 		}
@@ -281,50 +296,117 @@ func (s *Store) runAdmitGroup(a *admitter, group []*admitReq) {
 		x.r = r
 		acc = append(acc, x)
 	}
-	if len(acc) == 0 {
-		return // everything refused or serial: nothing to write
-	}
+	return acc
+}
 
-	ids, err := s.admitWrite(ctx, a, tx, now, acc)
-	if err != nil {
-		toSerial(acc)
-		return
-	}
-	if err := tx.Commit(); err != nil {
-		committed = true // Commit ends the transaction whatever it returns
-		if isConnLost(err) {
-			storeErrors.WithLabelValues("commit_unknown").Inc()
-			for _, x := range acc {
-				x.r.outcome, x.r.err = admitAnswered, fmt.Errorf("%w: %v", ErrCommitUnknown, err)
-			}
-			return
-		}
-		translate(err) // counts it
-		toSerial(acc)
-		return
-	}
-	committed = true
+// answer gives each accepted caller its operation, as written.
+func answer(acc []accepted, ids []int64, now time.Time) {
 	for i, x := range acc {
-		p := x.r.p
-		op := Operation{
-			ID: ids[i], OperationID: p.OperationID, Subject: p.Subject, Target: p.Target,
-			Repo: x.repo, Action: p.Action, Status: x.status, Version: 1,
-			Attributes: []byte{}, CreatedAt: now, UpdatedAt: now,
-		}
-		if p.ExpiresAt != nil {
-			t := p.ExpiresAt.UTC().Truncate(time.Microsecond)
-			op.ExpiresAt = &t
-		}
-		if len(p.Attributes) > 0 {
-			op.Attributes = slices.Clone(p.Attributes)
-		}
-		x.r.outcome, x.r.op, x.r.err = admitAnswered, op, nil
+		answerOne(x, ids[i], now, now)
 	}
 }
 
-// admitRead is the group's one read: the database clock, the bindings of every
-// relation in the group and which of its idempotency keys are stored.
-func admitRead(ctx context.Context, tx *sqlx.Tx, work []*admitReq) (now time.Time, bindings map[relKey]groupBinding, keys map[string]bool, err error) {
+// answerOne gives an accepted caller its operation, as written: what the request asked
+// for, the decisions of the group (repo, status) and what the database assigned.
+func answerOne(x accepted, id int64, created, updated time.Time) {
+	p := x.r.p
+	op := Operation{
+		ID: id, OperationID: p.OperationID, Subject: p.Subject, Target: p.Target,
+		Repo: x.repo, Action: p.Action, Status: x.status, Version: 1,
+		Attributes: []byte{}, CreatedAt: created, UpdatedAt: updated,
+	}
+	if p.ExpiresAt != nil {
+		t := p.ExpiresAt.UTC().Truncate(time.Microsecond)
+		op.ExpiresAt = &t
+	}
+	if len(p.Attributes) > 0 {
+		op.Attributes = slices.Clone(p.Attributes)
+	}
+	x.r.outcome, x.r.op, x.r.err = admitAnswered, op, nil
+}
+
+// commitUnknown answers every accepted caller that the COMMIT's outcome is unknown
+// (the connection broke during it), as the per-request path does.
+func commitUnknown(acc []accepted, err error) {
+	storeErrors.WithLabelValues("commit_unknown").Inc()
+	for _, x := range acc {
+		x.r.outcome, x.r.err = admitAnswered, fmt.Errorf("%w: %v", ErrCommitUnknown, err)
+	}
+}
+
+// groupPlain runs the group as a database/sql transaction, one statement per write:
+// BEGIN, the read, one multi-row statement per table, COMMIT. It works on every server.
+func (s *Store) groupPlain(ctx context.Context, a *admitter, work []*admitReq) {
+	tx, err := s.db.BeginTxx(ctx, &sql.TxOptions{Isolation: opIso})
+	if err != nil {
+		a.fallback(work, true)
+		return
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = tx.Rollback()
+		}
+	}()
+	q, args := admitReadQuery(work)
+	var rows []admitReadRow
+	if err := tx.SelectContext(ctx, &rows, q, args...); err != nil {
+		a.fallback(work, true)
+		return
+	}
+	now, bindings, keys, err := admitReadResult(rows)
+	if err != nil {
+		a.fallback(work, true)
+		return
+	}
+	if admitAfterRead != nil {
+		admitAfterRead(ctx)
+	}
+	acc := a.decideGroup(work, now, bindings, keys)
+	if len(acc) == 0 {
+		return // everything refused or serial: nothing to write
+	}
+	stmts, opStmt := buildAdmitWrites(now, acc)
+	var opRes sql.Result
+	for i, st := range stmts {
+		res, err := tx.ExecContext(ctx, st.q, st.args...)
+		if err == nil && st.want >= 0 {
+			err = mustAffect(res, st.want)
+		}
+		if err != nil {
+			// A 1062 from a concurrent replica, a deadlock, a guard that lost: nothing
+			// of the group stays, each caller runs its own transaction.
+			translate(err) // counts it
+			a.fallback(acceptedReqs(acc), true)
+			return
+		}
+		if i == opStmt {
+			opRes = res
+		}
+	}
+	ids, err := s.insertedIDs(ctx, a, tx, opRes, acc)
+	if err != nil {
+		a.fallback(acceptedReqs(acc), true)
+		return
+	}
+	err = tx.Commit()
+	committed = true // Commit ends the transaction whatever it returns
+	if err != nil {
+		if isConnLost(err) {
+			commitUnknown(acc, err)
+			return
+		}
+		translate(err)
+		a.fallback(acceptedReqs(acc), true)
+		return
+	}
+	answer(acc, ids, now)
+}
+
+// admitReadQuery is the group's one read: the database clock, the bindings of every
+// relation in the group and which of its idempotency keys are stored (with whether
+// each is still live). A plain read: no locks.
+func admitReadQuery(work []*admitReq) (string, []any) {
 	var q strings.Builder
 	args := make([]any, 0, 3*len(work))
 	q.WriteString(`SELECT 'n' AS kind, CURRENT_TIMESTAMP(6) AS ts, NULL AS id, NULL AS subject, NULL AS target,
@@ -356,10 +438,12 @@ func admitRead(ctx context.Context, tx *sqlx.Tx, work []*admitReq) (now time.Tim
 	if nk > 0 {
 		q.WriteByte(')')
 	}
-	var rows []admitReadRow
-	if err = tx.SelectContext(ctx, &rows, q.String(), args...); err != nil {
-		return
-	}
+	return q.String(), args
+}
+
+// admitReadResult turns the read's rows into the clock, the bindings found and the
+// keys stored (key → live).
+func admitReadResult(rows []admitReadRow) (now time.Time, bindings map[relKey]groupBinding, keys map[string]bool, err error) {
 	bindings = make(map[relKey]groupBinding, len(rows))
 	keys = map[string]bool{}
 	for _, row := range rows {
@@ -434,10 +518,19 @@ func values(row string, n int) string {
 	return strings.TrimSuffix(strings.Repeat(row+",", n), ",")
 }
 
-// admitWrite writes the accepted requests of a group inside tx and returns the
-// operation ids (primary keys) in the order of acc. Any error means "roll back and
-// let each caller run its own transaction".
-func (s *Store) admitWrite(ctx context.Context, a *admitter, tx *sqlx.Tx, now time.Time, acc []accepted) ([]int64, error) {
+// admitStmt is one write of a group; want ≥ 0 is the exact affected-row count it must
+// report (a guard), else anything goes.
+type admitStmt struct {
+	q    string
+	args []any
+	want int64
+}
+
+// buildAdmitWrites returns the group's writes, in the per-request lock order (keys,
+// operations, bindings, waiting rows, audit), and the index of the operation INSERT.
+// With a zero now the operations take created_at/updated_at from the column default
+// (the statement's CURRENT_TIMESTAMP(6)) and the caller reads them back.
+func buildAdmitWrites(now time.Time, acc []accepted) (stmts []admitStmt, opStmt int) {
 	// 1. Idempotency keys, in key order (lock order between concurrent groups). A
 	//    concurrent request with the same key makes this wait and then 1062: fallback.
 	var keyed []accepted
@@ -456,27 +549,29 @@ func (s *Store) admitWrite(ctx context.Context, a *admitter, tx *sqlx.Tx, now ti
 			}
 			args = append(args, x.r.p.IdempotencyKey, x.r.p.Fingerprint, x.r.p.OperationID, ttl.Microseconds())
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO idempotency_key (idem_key, fingerprint, operation_id, expires_at) VALUES `+
-			values("(?, ?, ?, CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND)", len(keyed)), args...); err != nil {
-			return nil, err
-		}
+		stmts = append(stmts, admitStmt{`INSERT INTO idempotency_key (idem_key, fingerprint, operation_id, expires_at) VALUES ` +
+			values("(?, ?, ?, CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND)", len(keyed)), args, int64(len(keyed))})
 	}
 
-	// 2. Operations, in arrival order, created_at = the group's clock read.
+	// 2. Operations, in arrival order, created_at = the group's clock read (or the
+	//    column default).
 	args := make([]any, 0, 10*len(acc))
 	for _, x := range acc {
 		p := x.r.p
-		args = append(args, p.OperationID, p.Subject, p.Target, x.repo, p.Action, x.status, x.exp, x.attrs, now, now)
+		args = append(args, p.OperationID, p.Subject, p.Target, x.repo, p.Action, x.status, x.exp, x.attrs)
+		if !now.IsZero() {
+			args = append(args, now, now)
+		}
 	}
-	res, err := tx.ExecContext(ctx, `INSERT INTO operation
-		(operation_id, subject, target, repo, action, status, expires_at, attributes, created_at, updated_at) VALUES `+
-		values("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", len(acc)), args...)
-	if err != nil {
-		return nil, err
-	}
-	ids, err := s.insertedIDs(ctx, a, tx, res, acc)
-	if err != nil {
-		return nil, err
+	opStmt = len(stmts)
+	if now.IsZero() {
+		stmts = append(stmts, admitStmt{`INSERT INTO operation
+		(operation_id, subject, target, repo, action, status, expires_at, attributes) VALUES ` +
+			values("(?, ?, ?, ?, ?, ?, ?, ?)", len(acc)), args, int64(len(acc))})
+	} else {
+		stmts = append(stmts, admitStmt{`INSERT INTO operation
+		(operation_id, subject, target, repo, action, status, expires_at, attributes, created_at, updated_at) VALUES ` +
+			values("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", len(acc)), args, int64(len(acc))})
 	}
 
 	// 3. Bindings. New relations: one INSERT in (subject, target) order; a concurrent
@@ -498,15 +593,13 @@ func (s *Store) admitWrite(ctx context.Context, a *admitter, tx *sqlx.Tx, now ti
 			}
 			return strings.Compare(x.r.p.Target, y.r.p.Target)
 		})
-		args = args[:0]
+		args := make([]any, 0, 6*len(fresh))
 		for _, x := range fresh {
 			p := x.r.p
 			args = append(args, p.Subject, p.Target, x.repo, BindingPending, p.OperationID, x.exp)
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO binding (subject, target, repo, status, operation_id, expires_at) VALUES `+
-			values("(?, ?, ?, ?, ?, ?)", len(fresh)), args...); err != nil {
-			return nil, err
-		}
+		stmts = append(stmts, admitStmt{`INSERT INTO binding (subject, target, repo, status, operation_id, expires_at) VALUES ` +
+			values("(?, ?, ?, ?, ?, ?)", len(fresh)), args, int64(len(fresh))})
 	}
 	if len(reuse) > 0 {
 		slices.SortFunc(reuse, func(x, y accepted) int { return cmp.Compare(x.b.ID, y.b.ID) })
@@ -544,16 +637,14 @@ func (s *Store) admitWrite(ctx context.Context, a *admitter, tx *sqlx.Tx, now ti
 			all = append(all, x.b.ID)
 		}
 		all = append(all, aWhere...)
-		r, err := tx.ExecContext(ctx, q, all...)
-		if err != nil {
-			return nil, err
-		}
-		if err := mustAffect(r, int64(len(reuse))); err != nil {
-			return nil, err // one of them moved on since the read: let each caller retry alone
-		}
+		// Fewer rows than read means one of them moved on since the read: the group
+		// rolls back and each caller retries alone.
+		stmts = append(stmts, admitStmt{q, all, int64(len(reuse))})
 	}
 
-	// 4. Waiting rows of auto-approved operations (I4: unique operation_id).
+	// 4. Waiting rows of auto-approved operations (I4: unique operation_id). Every
+	//    operation here is new, so every row must be new: anything else is a state this
+	//    path does not explain, and the serial path decides.
 	var queued []accepted
 	for _, x := range acc {
 		if x.status == OpQueued {
@@ -561,25 +652,17 @@ func (s *Store) admitWrite(ctx context.Context, a *admitter, tx *sqlx.Tx, now ti
 		}
 	}
 	if len(queued) > 0 {
-		args = args[:0]
+		args := make([]any, 0, 2*len(queued))
 		for _, x := range queued {
 			args = append(args, x.r.p.OperationID, x.repo)
 		}
-		r, err := tx.ExecContext(ctx, `INSERT INTO merge_batch_request (operation_id, repo) VALUES `+
-			values("(?, ?)", len(queued))+` ON DUPLICATE KEY UPDATE id = id`, args...)
-		if err != nil {
-			return nil, err
-		}
-		// Every operation here is new, so every row must be new: anything else is a
-		// state this path does not explain, and the serial path decides.
-		if err := mustAffect(r, int64(len(queued))); err != nil {
-			return nil, err
-		}
+		stmts = append(stmts, admitStmt{`INSERT INTO merge_batch_request (operation_id, repo) VALUES ` +
+			values("(?, ?)", len(queued)) + ` ON DUPLICATE KEY UPDATE id = id`, args, int64(len(queued))})
 	}
 
 	// 5. Audit events: created (and admitted) per operation, one statement, in the order
 	//    the per-request path writes them.
-	args = args[:0]
+	args = make([]any, 0, 8*len(acc))
 	n := 0
 	for _, x := range acc {
 		p := x.r.p
@@ -592,11 +675,9 @@ func (s *Store) admitWrite(ctx context.Context, a *admitter, tx *sqlx.Tx, now ti
 			n++
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO audit_event (dedupe_key, operation_id, code, detail) VALUES `+
-		values("(?, ?, ?, ?)", n)+` ON DUPLICATE KEY UPDATE id = id`, args...); err != nil {
-		return nil, err
-	}
-	return ids, nil
+	stmts = append(stmts, admitStmt{`INSERT INTO audit_event (dedupe_key, operation_id, code, detail) VALUES ` +
+		values("(?, ?, ?, ?)", n) + ` ON DUPLICATE KEY UPDATE id = id`, args, -1})
+	return stmts, opStmt
 }
 
 // insertedIDs returns the primary keys of the operations one multi-row INSERT wrote,
@@ -604,6 +685,9 @@ func (s *Store) admitWrite(ctx context.Context, a *admitter, tx *sqlx.Tx, now ti
 // a multi-row INSERT of known size gets consecutive values (LAST_INSERT_ID is the
 // first, each next one auto_increment_increment further); otherwise they are read back.
 func (s *Store) insertedIDs(ctx context.Context, a *admitter, tx *sqlx.Tx, res sql.Result, acc []accepted) ([]int64, error) {
+	if res == nil {
+		return nil, errors.New("store: no operation INSERT result")
+	}
 	a.autoincOnce.Do(func() {
 		var row struct {
 			Step int64 `db:"step"`
@@ -618,9 +702,6 @@ func (s *Store) insertedIDs(ctx context.Context, a *admitter, tx *sqlx.Tx, res s
 	if step := a.autoincStep; step > 0 {
 		first, err := res.LastInsertId()
 		if err != nil {
-			return nil, err
-		}
-		if err := mustAffect(res, int64(len(acc))); err != nil {
 			return nil, err
 		}
 		for i := range ids {

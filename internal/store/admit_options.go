@@ -41,13 +41,18 @@ type AdmitOptions struct {
 	Mode AdmitMode
 	// MaxGroup is the most requests one group transaction takes [64].
 	MaxGroup int
-	// MaxInflight is the most group transactions in flight at once [4]. While they
+	// MaxInflight is the most group transactions in flight at once [2]. While they
 	// run, new requests queue and form the next groups; a lone request never waits.
 	MaxInflight int
 	// Linger makes a worker wait this long before taking a group, to let more requests
 	// join [0: none]. Under a closed-loop load the in-flight groups already batch the
 	// arrivals, so lingering only adds latency; it is here to be measured.
 	Linger time.Duration
+	// PlainStatements runs each group with one statement per write (BEGIN, read, one
+	// multi-row statement per table, COMMIT) even on a server that takes compound
+	// statements, where a group otherwise needs one or two round trips
+	// (admit_compound.go).
+	PlainStatements bool
 }
 
 func (o AdmitOptions) withDefaults() AdmitOptions {
@@ -55,7 +60,7 @@ func (o AdmitOptions) withDefaults() AdmitOptions {
 		o.MaxGroup = 64
 	}
 	if o.MaxInflight <= 0 {
-		o.MaxInflight = 4
+		o.MaxInflight = 2
 	}
 	if o.Linger < 0 {
 		o.Linger = 0
@@ -65,12 +70,16 @@ func (o AdmitOptions) withDefaults() AdmitOptions {
 
 // AdmitStats counts what admission did on one Store since it was opened.
 type AdmitStats struct {
-	Groups    int64 // group transactions started
-	Grouped   int64 // requests that went through a group
-	Serial    int64 // requests answered by the per-request transaction instead (deferred or fallback)
-	Fallbacks int64 // groups whose writes failed and were handed back to per-request transactions
-	Abandoned int64 // requests whose caller's context ended before a group took them
-	MaxGroup  int64 // largest group
+	Groups   int64 // group transactions started
+	Compound int64 // of which ran with compound statements (admit_compound.go)
+	// Optimistic groups tried the one-round-trip write; OptimisticMisses of them were
+	// refused (a stored key, an existing binding, …) and took the read path.
+	Optimistic, OptimisticMisses int64
+	Grouped                      int64 // requests that went through a group
+	Serial                       int64 // requests answered by the per-request transaction instead (deferred or fallback)
+	Fallbacks                    int64 // groups whose writes failed and were handed back to per-request transactions
+	Abandoned                    int64 // requests whose caller's context ended before a group took them
+	MaxGroup                     int64 // largest group
 }
 
 // admitters maps a Store to its admission queue without keeping the Store alive (the
@@ -104,7 +113,8 @@ func (s *Store) SetAdmitOptions(o AdmitOptions) {
 func (s *Store) AdmitStats() AdmitStats {
 	c := &s.admitter().stats
 	return AdmitStats{
-		Groups: c.groups.Load(), Grouped: c.grouped.Load(), Serial: c.serial.Load(),
+		Groups: c.groups.Load(), Compound: c.compound.Load(),
+		Optimistic: c.optimistic.Load(), OptimisticMisses: c.optimisticMisses.Load(), Grouped: c.grouped.Load(), Serial: c.serial.Load(),
 		Fallbacks: c.fallbacks.Load(), Abandoned: c.abandoned.Load(), MaxGroup: c.maxGroup.Load(),
 	}
 }

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -799,20 +800,37 @@ func admissionRace(t *testing.T, stores []*store.Store, rounds int) {
 
 func itoa(i int) string { return strconv.Itoa(i) }
 
+// statementModes runs f with groups in compound statements (the default on MariaDB)
+// and with one statement per write (the path every server takes).
+func statementModes(t *testing.T, f func(t *testing.T, plain bool)) {
+	for _, plain := range []bool{false, true} {
+		name := "compound"
+		if plain {
+			name = "plain"
+		}
+		t.Run(name, func(t *testing.T) { f(t, plain) })
+	}
+}
+
 func TestAdmissionGroupedRace(t *testing.T) {
-	st, _ := storetest.New(t)
-	// One group at a time with a short linger, so the burst certainly forms groups with
-	// duplicates and conflicts inside them.
-	st.SetAdmitOptions(store.AdmitOptions{MaxInflight: 1, Linger: 2 * time.Millisecond})
-	admissionRace(t, []*store.Store{st}, 3)
-	s := st.AdmitStats()
-	if s.Grouped <= s.Groups {
-		t.Fatalf("no group held more than one request: %+v", s)
-	}
-	if s.Serial == 0 {
-		t.Fatalf("no request was deferred to the per-request path: %+v", s)
-	}
-	t.Logf("admission stats: %+v", s)
+	statementModes(t, func(t *testing.T, plain bool) {
+		st, _ := storetest.New(t)
+		// One group at a time with a short linger, so the burst certainly forms groups
+		// with duplicates and conflicts inside them.
+		st.SetAdmitOptions(store.AdmitOptions{MaxInflight: 1, Linger: 2 * time.Millisecond, PlainStatements: plain})
+		admissionRace(t, []*store.Store{st}, 3)
+		s := st.AdmitStats()
+		if s.Grouped <= s.Groups {
+			t.Fatalf("no group held more than one request: %+v", s)
+		}
+		if s.Serial == 0 {
+			t.Fatalf("no request was deferred to the per-request path: %+v", s)
+		}
+		if plain != (s.Compound == 0) {
+			t.Fatalf("plain=%v but %d compound groups", plain, s.Compound)
+		}
+		t.Logf("admission stats: %+v", s)
+	})
 }
 
 func TestAdmissionGroupedRaceDefaults(t *testing.T) {
@@ -823,24 +841,27 @@ func TestAdmissionGroupedRaceDefaults(t *testing.T) {
 // Three replicas (own pools, own queues) on one database: groups of different stores
 // collide on keys and bindings and fall back to per-request transactions.
 func TestAdmissionGroupedRaceReplicas(t *testing.T) {
-	st, dsn := storetest.New(t)
-	stores := []*store.Store{st}
-	for range 2 {
-		o, err := store.Open(context.Background(), dsn, store.Options{MaxOpenConns: 16})
-		if err != nil {
-			t.Fatal(err)
+	statementModes(t, func(t *testing.T, plain bool) {
+		st, dsn := storetest.New(t)
+		stores := []*store.Store{st}
+		for range 2 {
+			o, err := store.Open(context.Background(), dsn, store.Options{MaxOpenConns: 16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { o.Close() })
+			stores = append(stores, o)
 		}
-		t.Cleanup(func() { o.Close() })
-		o.SetAdmitOptions(store.AdmitOptions{MaxInflight: 2, Linger: time.Millisecond})
-		stores = append(stores, o)
-	}
-	st.SetAdmitOptions(store.AdmitOptions{MaxInflight: 2, Linger: time.Millisecond})
-	admissionRace(t, stores, 3)
-	var fb int64
-	for _, s := range stores {
-		fb += s.AdmitStats().Fallbacks
-	}
-	t.Logf("group fallbacks across replicas: %d", fb)
+		for _, s := range stores {
+			s.SetAdmitOptions(store.AdmitOptions{MaxInflight: 2, Linger: time.Millisecond, PlainStatements: plain})
+		}
+		admissionRace(t, stores, 3)
+		var fb int64
+		for _, s := range stores {
+			fb += s.AdmitStats().Fallbacks
+		}
+		t.Logf("group fallbacks across replicas: %d", fb)
+	})
 }
 
 func TestAdmissionModesAgree(t *testing.T) {
@@ -870,9 +891,13 @@ func TestAdmissionCanceledContext(t *testing.T) {
 // read and its write) rolls back whole and every caller is answered by its own
 // transaction: the re-application that still can win wins, nothing is half-written.
 func TestAdmissionGroupFallbackOnConcurrentWriter(t *testing.T) {
+	statementModes(t, testAdmissionGroupFallbackOnConcurrentWriter)
+}
+
+func testAdmissionGroupFallbackOnConcurrentWriter(t *testing.T, plain bool) {
 	st, _ := storetest.New(t)
 	ctx := context.Background()
-	st.SetAdmitOptions(store.AdmitOptions{MaxInflight: 1, Linger: time.Millisecond})
+	st.SetAdmitOptions(store.AdmitOptions{MaxInflight: 1, Linger: time.Millisecond, PlainStatements: plain})
 	const n = 20
 	var ops []store.Operation
 	for i := 0; i < n; i++ {
@@ -924,4 +949,98 @@ func TestAdmissionGroupFallbackOnConcurrentWriter(t *testing.T) {
 		}
 	}
 	t.Logf("admission stats: %+v", st.AdmitStats())
+}
+
+// A guarded binding write that loses between the group's read and its writes (the
+// binding moved on) rolls the whole group back, and every caller is answered by its
+// own transaction, which then wins on the fresh state.
+func TestAdmissionGroupGuardLost(t *testing.T) {
+	statementModes(t, func(t *testing.T, plain bool) {
+		st, _ := storetest.New(t)
+		ctx := context.Background()
+		st.SetAdmitOptions(store.AdmitOptions{MaxInflight: 1, Linger: 5 * time.Millisecond, PlainStatements: plain})
+		const n = 12
+		for i := 0; i < n; i++ {
+			op := mustCreate(t, st, grant("pia-"+itoa(i), "t"))
+			if _, err := st.OperationReject(ctx, op.OperationID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var once sync.Once
+		store.SetAdmitAfterRead(func(ctx context.Context) {
+			once.Do(func() {
+				if _, err := st.DB().ExecContext(ctx, `UPDATE binding SET version = version + 1 WHERE subject LIKE 'pia-%'`); err != nil {
+					t.Error(err)
+				}
+			})
+		})
+		defer store.SetAdmitAfterRead(nil)
+		before := st.AdmitStats()
+		var wg sync.WaitGroup
+		calls := make([]*admitCall, n)
+		for i := range calls {
+			calls[i] = &admitCall{p: grant("pia-"+itoa(i), "t")}
+			calls[i].p.AutoApprove = true
+		}
+		for _, c := range calls {
+			wg.Go(func() { c.op, c.created, c.err = st.OperationCreate(ctx, c.p) })
+		}
+		wg.Wait()
+		after := st.AdmitStats()
+		if after.Fallbacks == before.Fallbacks {
+			t.Fatalf("no group fell back: %+v", after)
+		}
+		for i, c := range calls {
+			if c.err != nil || !c.created {
+				t.Fatalf("re-application %d: created=%v err=%v", i, c.created, c.err)
+			}
+			got, err := st.OperationGet(ctx, c.op.OperationID)
+			if err != nil || !sameOperation(c.op, got) {
+				t.Fatalf("answer %+v, stored %+v (%v)", c.op, got, err)
+			}
+			b := bindingOf(t, st, c.p.Subject, "t")
+			if b.OperationID != c.op.OperationID || b.Status != store.BindingPending || b.Version != 4 {
+				t.Fatalf("binding %+v: want pending, owned by %s, version 4 (reject, bump, re-apply)", b, c.op.OperationID)
+			}
+		}
+		var ops int
+		if err := st.DB().Get(&ops, `SELECT COUNT(*) FROM operation WHERE subject LIKE 'pia-%'`); err != nil || ops != 2*n {
+			t.Fatalf("operations = %d (%v), want %d: the rolled-back group left rows", ops, err, 2*n)
+		}
+		if dup := waitingRows(t, st, calls[0].op.OperationID); dup != 1 {
+			t.Fatalf("waiting rows = %d", dup)
+		}
+	})
+}
+
+// Whatever way a group ends (committed, refused, rolled back and handed back, an
+// optimistic attempt refused), the connections it used go back to the pool outside
+// any transaction.
+func TestAdmissionLeavesNoOpenTransaction(t *testing.T) {
+	statementModes(t, func(t *testing.T, plain bool) {
+		_, dsn := storetest.New(t)
+		ctx := context.Background()
+		st, err := store.Open(ctx, dsn, store.Options{MaxOpenConns: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		st.SetAdmitOptions(store.AdmitOptions{MaxInflight: 1, Linger: 2 * time.Millisecond, PlainStatements: plain})
+		admissionRace(t, []*store.Store{st}, 1)
+		var conns []*sql.Conn
+		for range 2 {
+			c, err := st.DB().Conn(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conns = append(conns, c)
+		}
+		for _, c := range conns {
+			var inTx int
+			if err := c.QueryRowContext(ctx, `SELECT @@in_transaction`).Scan(&inTx); err != nil || inTx != 0 {
+				t.Fatalf("a pooled connection is inside a transaction: %d %v", inTx, err)
+			}
+			c.Close()
+		}
+	})
 }

@@ -1,0 +1,341 @@
+package store
+
+// The group transaction in one or two round trips, on servers that take anonymous
+// compound statements (MariaDB ≥ 10.1: BEGIN NOT ATOMIC … END is one statement on the
+// wire; no multi-statement flag is needed).
+//
+// Optimistic, one round trip, when every request of the group is a valid grant: most
+// admissions apply for a relation that has no binding yet, with a new idempotency key,
+// and then there is nothing to decide that the unique keys do not decide already:
+//
+//	BEGIN NOT ATOMIC
+//	  SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;
+//	  IF <an expires_at is not in the future> THEN SIGNAL …; END IF;
+//	  <the writes of buildAdmitWrites, each guarded one followed by IF ROW_COUNT() <> n THEN SIGNAL …>;
+//	  SELECT id, operation_id, created_at, updated_at FROM operation WHERE operation_id IN (…);
+//	  COMMIT;
+//	END
+//
+// A stored key or an existing binding makes it fail (1062) and nothing of it stays:
+// the group then takes the read path. A run of failures turns optimism off for a while,
+// so a workload of re-applications pays for it at most once in a few groups.
+//
+// Read path, two round trips, the same decisions as groupPlain:
+//
+//  1. SET TRANSACTION …; START TRANSACTION; the read (admitReadQuery);
+//  2. the writes, guarded, the SELECT of the new operations and COMMIT.
+//
+// The writes, their order and their guards are exactly those of groupPlain (both use
+// buildAdmitWrites); only the round trips differ. The transaction is driven with plain
+// SQL on one pinned connection, so every way out ends it (COMMIT, or ROLLBACK on a
+// fresh context) before the connection goes back to the pool, and a connection in an
+// unknown state is discarded. Errors:
+//
+//   - the server refuses a statement before the SELECT (1062, deadlock, a guard's
+//     SIGNAL): the transaction did not commit; ROLLBACK, then the read path (after an
+//     optimistic attempt) or the per-request path (after the read path);
+//   - the server refuses after the SELECT (the COMMIT failed): not committed either,
+//     same as above;
+//   - the connection breaks while a compound with COMMIT runs: the outcome is unknown
+//     (the server may finish it after we stopped listening), so each accepted caller
+//     gets ErrCommitUnknown, exactly as when the per-request path loses its COMMIT.
+//
+// On a server that refuses the syntax (MySQL), a one-time probe turns this path off and
+// groupPlain runs instead.
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
+)
+
+const (
+	compoundUnknown int32 = iota
+	compoundYes
+	compoundNo
+)
+
+// useCompound reports whether groups use compound statements: on unless the options
+// say plain statements, and the server takes them (probed once).
+func (s *Store) useCompound(ctx context.Context, a *admitter) bool {
+	a.mu.Lock()
+	plain := a.opts.PlainStatements
+	a.mu.Unlock()
+	if plain {
+		return false
+	}
+	switch a.compound.Load() {
+	case compoundYes:
+		return true
+	case compoundNo:
+		return false
+	}
+	_, err := s.db.ExecContext(ctx, "BEGIN NOT ATOMIC DO 1; END")
+	var me *mysql.MySQLError
+	switch {
+	case err == nil:
+		a.compound.Store(compoundYes)
+		return true
+	case errors.As(err, &me):
+		a.compound.Store(compoundNo) // a syntax error (1064): not MariaDB
+	}
+	return false // a connection problem: plain this time, probe again next time
+}
+
+// Messages of the SIGNALs (MySQL error 1644, SQLSTATE 45000) that abort a compound.
+const (
+	guardSignal   = "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'batcherd: admission guard matched another row count'"
+	expiredSignal = "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'batcherd: expires_at is not in the future'"
+)
+
+// optimisticBackoff is how many groups skip the optimistic attempt after one failed.
+const optimisticBackoff = 8
+
+// compoundResult is how a compound statement with COMMIT ended.
+type compoundResult int8
+
+const (
+	compoundCommitted      compoundResult = iota
+	compoundRefused                       // the server refused: not committed, the transaction may still be open
+	compoundUnknownOutcome                // the connection broke: it may or may not have committed
+)
+
+// newOp is one row of the SELECT at the end of a write compound.
+type newOp struct {
+	ID          int64     `db:"id"`
+	OperationID string    `db:"operation_id"`
+	CreatedAt   time.Time `db:"created_at"`
+	UpdatedAt   time.Time `db:"updated_at"`
+}
+
+// groupCompound runs the group (see the file comment).
+func (s *Store) groupCompound(ctx context.Context, a *admitter, work []*admitReq) {
+	conn, err := s.db.Connx(ctx)
+	if err != nil {
+		a.fallback(work, true)
+		return
+	}
+	open := false // a transaction may be open on conn
+	defer func() {
+		if open {
+			endConn(conn)
+			return
+		}
+		conn.Close()
+	}()
+
+	if acc, ok := optimisticCandidates(work); ok {
+		if a.optimisticSkip.Load() > 0 {
+			a.optimisticSkip.Add(-1)
+		} else {
+			a.stats.optimistic.Add(1)
+			stmts, _ := buildAdmitWrites(time.Time{}, acc)
+			var pre strings.Builder
+			var preArgs []any
+			pre.WriteString("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;\n")
+			// The same test as decideAdmission's, on the database clock.
+			n := 0
+			for _, x := range acc {
+				if x.r.p.ExpiresAt == nil {
+					continue
+				}
+				if n == 0 {
+					pre.WriteString("IF ")
+				} else {
+					pre.WriteString(" OR ")
+				}
+				pre.WriteString("? <= CURRENT_TIMESTAMP(6)")
+				preArgs = append(preArgs, x.r.p.ExpiresAt.UTC().Truncate(time.Microsecond))
+				n++
+			}
+			if n > 0 {
+				pre.WriteString(" THEN " + expiredSignal + "; END IF;\n")
+			}
+			open = true
+			rows, res, err := writeCompound(ctx, conn, pre.String(), preArgs, stmts, acc)
+			switch res {
+			case compoundCommitted:
+				open = false
+				answerNew(acc, rows)
+				return
+			case compoundUnknownOutcome:
+				open = false
+				discardConn(conn)
+				commitUnknown(acc, err)
+				return
+			}
+			// Refused: a stored key, an existing binding, a past expiry, a concurrent
+			// replica. Nothing stays; decide on a read.
+			a.stats.optimisticMisses.Add(1)
+			a.optimisticSkip.Store(optimisticBackoff)
+			if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+				a.fallback(work, true)
+				return
+			}
+			open = false
+		}
+	}
+
+	// 1. Isolation, begin and the read.
+	q, args := admitReadQuery(work)
+	var rows []admitReadRow
+	open = true
+	if err := sqlx.SelectContext(ctx, conn, &rows,
+		"BEGIN NOT ATOMIC SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;\n"+q+";\nEND", args...); err != nil {
+		a.fallback(work, true)
+		return
+	}
+	now, bindings, keys, err := admitReadResult(rows)
+	if err != nil {
+		a.fallback(work, true)
+		return
+	}
+	if admitAfterRead != nil {
+		admitAfterRead(ctx)
+	}
+	acc := a.decideGroup(work, now, bindings, keys)
+	if len(acc) == 0 {
+		return // refused or serial: the deferred ROLLBACK ends the read-only transaction
+	}
+
+	// 2. The writes, guarded, the new operations, COMMIT.
+	stmts, _ := buildAdmitWrites(time.Time{}, acc)
+	ops, res, err := writeCompound(ctx, conn, "", nil, stmts, acc)
+	switch res {
+	case compoundCommitted:
+		open = false
+		answerNew(acc, ops)
+	case compoundUnknownOutcome:
+		open = false
+		discardConn(conn)
+		commitUnknown(acc, err)
+	default:
+		// A 1062 from a concurrent replica, a deadlock, a guard that lost: nothing of
+		// the group stays (the deferred ROLLBACK), each caller runs its own transaction.
+		a.fallback(acceptedReqs(acc), true)
+	}
+}
+
+// optimisticCandidates returns the group as accepted grants when every request is a
+// grant that needs no read to be decided (valid; whether its relation or key exists is
+// left to the unique keys, its expiry to the database clock).
+func optimisticCandidates(work []*admitReq) ([]accepted, bool) {
+	acc := make([]accepted, 0, len(work))
+	for _, r := range work {
+		if r.p.Action != ActionGrant {
+			return nil, false
+		}
+		// The expiry is checked in SQL; decide as if the clock allowed it.
+		x, err := decideAdmission(r.p, time.Time{}, groupBinding{})
+		if err != nil {
+			return nil, false
+		}
+		x.r = r
+		acc = append(acc, x)
+	}
+	return acc, true
+}
+
+// writeCompound runs one compound: pre (with preArgs), the writes with their guards,
+// the SELECT of the new operations and COMMIT. It returns the new operations when it
+// committed.
+func writeCompound(ctx context.Context, conn *sqlx.Conn, pre string, preArgs []any, stmts []admitStmt, acc []accepted) ([]newOp, compoundResult, error) {
+	var b strings.Builder
+	all := append([]any(nil), preArgs...)
+	b.WriteString("BEGIN NOT ATOMIC\n")
+	b.WriteString(pre)
+	for _, st := range stmts {
+		b.WriteString(st.q)
+		b.WriteString(";\n")
+		if st.want >= 0 {
+			b.WriteString("IF ROW_COUNT() <> ")
+			b.WriteString(itoa(st.want))
+			b.WriteString(" THEN " + guardSignal + "; END IF;\n")
+		}
+		all = append(all, st.args...)
+	}
+	b.WriteString("SELECT id, operation_id, created_at, updated_at FROM operation WHERE operation_id IN (" +
+		inPlaceholders(len(acc)) + ");\nCOMMIT;\nEND")
+	for _, x := range acc {
+		all = append(all, x.r.p.OperationID)
+	}
+	rows, err := conn.QueryxContext(ctx, b.String(), all...)
+	if err != nil {
+		return nil, classify(ctx, err), err
+	}
+	var out []newOp
+	for rows.Next() {
+		var o newOp
+		if err := rows.StructScan(&o); err != nil {
+			rows.Close()
+			return nil, classify(ctx, err), err
+		}
+		out = append(out, o)
+	}
+	// The COMMIT's answer follows the result set: a failure shows up only here.
+	for rows.NextResultSet() {
+		for rows.Next() {
+		}
+	}
+	err = rows.Err()
+	if cerr := rows.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, classify(ctx, err), err
+	}
+	return out, compoundCommitted, nil
+}
+
+// classify reads an error of a compound with COMMIT: a server error means it did not
+// commit; anything else (connection lost, context ended mid-way) leaves it unknown.
+func classify(ctx context.Context, err error) compoundResult {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && ctx.Err() == nil {
+		translate(err) // counts it
+		return compoundRefused
+	}
+	return compoundUnknownOutcome
+}
+
+// answerNew answers the accepted callers with the operations the compound read back.
+func answerNew(acc []accepted, ops []newOp) {
+	byOp := make(map[string]newOp, len(ops))
+	for _, o := range ops {
+		byOp[o.OperationID] = o
+	}
+	for _, x := range acc {
+		o, ok := byOp[x.r.p.OperationID]
+		if !ok {
+			// Cannot happen (the INSERT was guarded on its row count and the SELECT ran
+			// in the same transaction), but the group has committed: say so honestly.
+			commitUnknown([]accepted{x}, errors.New("store: committed operation not read back"))
+			continue
+		}
+		answerOne(x, o.ID, o.CreatedAt.UTC(), o.UpdatedAt.UTC())
+	}
+}
+
+// endConn ends a possibly open transaction on conn with ROLLBACK on a fresh bounded
+// context and returns conn to the pool, or discards it when that failed: a connection
+// must never go back to the pool inside a transaction.
+func endConn(conn *sqlx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+		discardConn(conn)
+		return
+	}
+	conn.Close()
+}
+
+// discardConn closes conn's underlying connection instead of returning it to the pool.
+func discardConn(conn *sqlx.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	conn.Close()
+}
