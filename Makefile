@@ -35,5 +35,9 @@ demo: db build ## the quickstart: fresh database, GitLab simulator, 3 replicas a
 run: build ## one replica against your own MySQL and GitLab, configured by BATCHERD_* variables (bin/batcherd help lists them; bin/batcherd migrate once first)
 	exec $(BIN)/batcherd serve
 
+chaos: build ## the chaos run: 4 replicas, gitlab-sim and a private MariaDB (restarted once), 3 min of kill -9, connection kills, GitLab faults and human merges, then every end check (CHAOS_FLAGS="-duration 5m -v"; BATCHERD_CHAOS_DURATION)
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/batcherd-chaos ./test/chaos
+	$(BIN)/batcherd-chaos -bin $(BIN) $(CHAOS_FLAGS)
+
 clean: ## remove build output
 	rm -rf $(BIN)
