@@ -125,19 +125,46 @@ type batchRow struct {
 	Repo   string        `db:"repo"`
 	Status int           `db:"status"`
 	MRIID  sql.NullInt64 `db:"mr_iid"`
+	Size   int           `db:"size"`
 }
 
-// batches: I1 (one active batch per repository) and "a SUCCEEDED batch has an MR".
+// batches: I1 (one active batch per repository), "a SUCCEEDED batch has an MR", and
+// "a batch's member history is what it claimed" (size = member rows, never none: the
+// claim writes both in one transaction and nothing adds members later).
 func (a *auditor) batches(ctx context.Context, q *querier) error {
 	active := map[string][]string{}
 	var after int64
 	for {
 		var rows []batchRow
-		if err := q.sel(ctx, &rows, "SELECT id, repo, status, mr_iid FROM merge_batch WHERE id > ? ORDER BY id LIMIT ?", after, a.opt.Chunk); err != nil {
+		if err := q.sel(ctx, &rows, "SELECT id, repo, status, mr_iid, size FROM merge_batch WHERE id > ? ORDER BY id LIMIT ?", after, a.opt.Chunk); err != nil {
 			return fmt.Errorf("scan merge_batch: %w", err)
+		}
+		members := map[int64]int{}
+		if len(rows) > 0 {
+			ids := make([]int64, len(rows))
+			for i, b := range rows {
+				ids[i] = b.ID
+			}
+			var counts []struct {
+				BatchID int64 `db:"batch_id"`
+				N       int   `db:"n"`
+			}
+			// Primary-key prefix of merge_batch_member: one range per chunk.
+			if err := q.sel(ctx, &counts, "SELECT batch_id, COUNT(*) AS n FROM merge_batch_member WHERE batch_id IN (?) GROUP BY batch_id", ids); err != nil {
+				return fmt.Errorf("count merge_batch_member: %w", err)
+			}
+			for _, c := range counts {
+				members[c.BatchID] = c.N
+			}
 		}
 		for _, b := range rows {
 			id := fmt.Sprint(b.ID)
+			switch n := members[b.ID]; {
+			case n == 0:
+				a.add("agreement", "merge_batch_member", fmt.Sprintf("batch (status %d) has no member history", b.Status), id)
+			case n != b.Size:
+				a.add("agreement", "merge_batch_member", fmt.Sprintf("batch size is %d but its member history has %d rows", b.Size, n), id)
+			}
 			switch b.Status {
 			case 1, 4:
 				active[b.Repo] = append(active[b.Repo], id)
@@ -252,6 +279,18 @@ func (a *auditor) checkOp(o opRow, members []memberRow, wait map[string]waitRow)
 	}
 	if len(live) > 1 {
 		a.add("I2", "merge_batch_member", fmt.Sprintf("operation %s is a member of %d batches that did not fail: %s", id, len(live), strings.Join(live, ",")), id)
+	}
+	// A SUCCEEDED batch's MR merged every member's file: each member is merged, in that
+	// batch. (A member left in_batch or requeued elsewhere would have its file in the
+	// repository while the database says otherwise.)
+	for _, m := range members {
+		if m.Status == 2 && (o.Status != "merged" || !o.BatchID.Valid || o.BatchID.Int64 != m.BatchID) {
+			batch := "none"
+			if o.BatchID.Valid {
+				batch = fmt.Sprint(o.BatchID.Int64)
+			}
+			a.add("agreement", "operation", fmt.Sprintf("member of SUCCEEDED batch %d but the operation is %s in batch %s", m.BatchID, o.Status, batch), id)
+		}
 	}
 	w, hasWait := wait[id]
 	if hasWait && w.BatchID.Valid {

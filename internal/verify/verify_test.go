@@ -98,6 +98,16 @@ func TestEachViolationIsReported(t *testing.T) {
 		{"failed operation without reason", func(t *testing.T, db *sqlx.DB) {
 			exec(t, db, "UPDATE operation SET error_code = '' WHERE operation_id = 'op-failed'")
 		}, "has no reason"},
+		{"batch size disagrees with its member history", func(t *testing.T, db *sqlx.DB) {
+			exec(t, db, "UPDATE merge_batch SET size = 5 WHERE id = 1")
+		}, "batch size is 5 but its member history has 1 rows"},
+		{"batch without members", func(t *testing.T, db *sqlx.DB) {
+			exec(t, db, "INSERT INTO merge_batch (id, repo, status, size) VALUES (4, 'g/other', 3, 0)")
+		}, "has no member history"},
+		{"member of a succeeded batch that is not merged in it", func(t *testing.T, db *sqlx.DB) {
+			exec(t, db, "INSERT INTO merge_batch_member (batch_id, operation_id) VALUES (1, 'op-failed')")
+			exec(t, db, "UPDATE merge_batch SET size = 2 WHERE id = 1")
+		}, "member of SUCCEEDED batch 1 but the operation is failed in batch 3"},
 		{"duplicate relation rows", func(t *testing.T, db *sqlx.DB) {
 			exec(t, db, "ALTER TABLE binding DROP INDEX uk_subject_target")
 			exec(t, db, "INSERT INTO binding (subject, target, repo, status, operation_id) VALUES ('dave', 'db', 'g/r', 'rejected', 'op-rejected')")
