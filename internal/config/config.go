@@ -52,7 +52,7 @@ type Config struct {
 	MergeMode         string        `env:"MERGE_MODE, default=auto" desc:"auto (merge when pipeline succeeds), direct (batcherd merges), manual (humans merge)"`
 	ReconcileInterval time.Duration `env:"RECONCILE_INTERVAL, default=10s" desc:"how often an active batch's MR is checked"`
 	BatchTimeout      time.Duration `env:"BATCH_TIMEOUT, default=30m" desc:"an active batch older than this is settled as failed (DB clock)"`
-	MaxAttempts       int           `env:"MAX_ATTEMPTS, default=3" desc:"most batches one operation takes part in before it fails for good"`
+	MaxAttempts       int           `env:"MAX_ATTEMPTS, default=3" desc:"charged attempts per operation (first try and each retry; bisection rounds are free) before it fails with reason max_attempts"`
 	OnFailure         string        `env:"ON_FAILURE, default=isolate" desc:"what a failed pipeline or a merge conflict does: isolate (classify, then retry, bisect or quarantine at once) or block (the batch stays blocked for an operator until BATCHERD_BATCH_TIMEOUT)"`
 	InfraRetries      int           `env:"INFRA_RETRIES, default=1" desc:"retries of the same members as one group, without bisection, after an infrastructure failure (runner, stuck, scheduler, API, canceled), a batch timeout or GitLab trouble; then they fail"`
 	ConflictRetries   int           `env:"CONFLICT_RETRIES, default=1" desc:"rebuilds on the new target head after a merge conflict (or a pipeline failure without a reason) before bisecting"`
