@@ -53,6 +53,11 @@ type batchObject struct {
 	CreatedAt    string       `json:"created_at"`
 	UpdatedAt    string       `json:"updated_at"`
 	FinishedAt   *string      `json:"finished_at"`
+	// Failure isolation: why this round exists (first_try, retry_<class>, bisect), the
+	// failed batch it retries or bisects, and the bisection depth.
+	Kind     string `json:"kind"`
+	ParentID *int64 `json:"parent_id"`
+	Depth    int    `json:"depth"`
 }
 
 type eventObject struct {
@@ -113,6 +118,7 @@ func renderBatch(b store.Batch) batchObject {
 		ID: b.ID, Repo: b.Repo, Status: b.Status.String(), Size: b.Size, SourceBranch: b.SourceBranch,
 		MRIID: b.MRIID, MRURL: strPtr(b.MRURL), Error: errObj(b.ErrorCode, b.ErrorMessage),
 		OperationIDs: ids, CreatedAt: ts(b.CreatedAt), UpdatedAt: ts(b.UpdatedAt), FinishedAt: tsPtr(b.FinishedAt),
+		Kind: b.Kind, ParentID: b.ParentID, Depth: b.Depth,
 	}
 }
 
