@@ -29,6 +29,9 @@ lint: ## gofmt and go vet
 build: ## build binaries into ./bin
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./cmd/...
 
+bench: db build ## measure admission, claims, settlement, contention and an end-to-end run against the database's own limits; writes BENCHMARKS.md (under 15 minutes)
+	$(GO) run ./bench/cmd/benchrun -out BENCHMARKS.md -bin $(BIN)
+
 demo: db build ## the quickstart: fresh database, GitLab simulator, 3 replicas as processes, ~300 operations, one replica killed (about a minute)
 	$(BIN)/batcherd-demo -bin $(BIN)
 

@@ -98,19 +98,34 @@ type admitCounters struct {
 	groups, compound, optimistic, optimisticMisses, grouped, serial, fallbacks, abandoned, maxGroup atomic.Int64
 }
 
-// submit queues r and waits for its group. It returns false when the caller's context
-// ended before a group took the request (nothing was written for it).
+// submit runs r in a group and waits for the group's outcome. It returns false when
+// the caller's context ended before a group took the request (nothing was written for
+// it).
+//
+// When fewer than MaxInflight groups run, the caller runs the group itself, its own
+// request first and whatever queued behind it: a lone request pays no hand-off to
+// another goroutine. Otherwise it queues, and the running groups' workers take it.
 func (a *admitter) submit(ctx context.Context, s *Store, r *admitReq) bool {
 	a.mu.Lock()
-	a.queue = append(a.queue, r)
-	spawn := a.running < a.opts.MaxInflight
-	if spawn {
+	if a.running < a.opts.MaxInflight {
 		a.running++
+		r.state.Store(1)
+		group := append([]*admitReq{r}, a.takeLocked(a.opts.MaxGroup-1, maxGroupBytes-approxBytes(r.p))...)
+		a.mu.Unlock()
+		a.runAndRelease(s, group)
+		// Requests that queued meanwhile: a worker goroutine takes over this slot.
+		a.mu.Lock()
+		if len(a.queue) > 0 {
+			a.mu.Unlock()
+			go a.work(s)
+		} else {
+			a.running--
+			a.mu.Unlock()
+		}
+		return true
 	}
+	a.queue = append(a.queue, r)
 	a.mu.Unlock()
-	if spawn {
-		go a.work(s)
-	}
 	select {
 	case <-r.done:
 		return true
@@ -127,39 +142,54 @@ func (a *admitter) submit(ctx context.Context, s *Store, r *admitReq) bool {
 	}
 }
 
-// work runs groups until the queue is empty. At most MaxInflight workers run at once;
-// while they run, new requests accumulate and form the next groups (no timer: a lone
-// request is never delayed, and under load the groups grow by themselves).
+// takeLocked removes up to n requests (and about bytes of parameters) from the head of
+// the queue, skipping those their callers abandoned. a.mu must be held.
+func (a *admitter) takeLocked(n, bytes int) []*admitReq {
+	var group []*admitReq
+	i, size := 0, 0
+	for i < len(a.queue) && len(group) < n && size < bytes {
+		r := a.queue[i]
+		i++
+		if r.state.CompareAndSwap(0, 1) {
+			group = append(group, r)
+			size += approxBytes(r.p)
+		}
+	}
+	// Drop the taken prefix without keeping the backing array growing forever.
+	rest := copy(a.queue, a.queue[i:])
+	clear(a.queue[rest:])
+	a.queue = a.queue[:rest]
+	return group
+}
+
+// runAndRelease runs one group and wakes its callers.
+func (a *admitter) runAndRelease(s *Store, group []*admitReq) {
+	s.runAdmitGroup(a, group)
+	for _, r := range group {
+		close(r.done)
+	}
+}
+
+// work runs groups on behalf of one running slot until the queue is empty. While groups
+// run, new requests accumulate and form the next groups (no timer: under load the
+// groups grow by themselves).
 func (a *admitter) work(s *Store) {
 	for {
-		if a.opts.Linger > 0 {
-			time.Sleep(a.opts.Linger)
+		a.mu.Lock()
+		linger := a.opts.Linger
+		a.mu.Unlock()
+		if linger > 0 {
+			time.Sleep(linger)
 		}
 		a.mu.Lock()
-		var group []*admitReq
-		n, size := 0, 0
-		for n < len(a.queue) && len(group) < a.opts.MaxGroup && size < maxGroupBytes {
-			r := a.queue[n]
-			n++
-			if r.state.CompareAndSwap(0, 1) {
-				group = append(group, r)
-				size += approxBytes(r.p)
-			}
-		}
-		// Drop the taken prefix without keeping the backing array growing forever.
-		rest := copy(a.queue, a.queue[n:])
-		clear(a.queue[rest:])
-		a.queue = a.queue[:rest]
+		group := a.takeLocked(a.opts.MaxGroup, maxGroupBytes)
 		if len(group) == 0 {
 			a.running--
 			a.mu.Unlock()
 			return
 		}
 		a.mu.Unlock()
-		s.runAdmitGroup(a, group)
-		for _, r := range group {
-			close(r.done)
-		}
+		a.runAndRelease(s, group)
 	}
 }
 
