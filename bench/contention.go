@@ -29,6 +29,10 @@ type ContentionResult struct {
 	Settled     int64
 	MaxBatch    int
 	SettleAfter time.Duration
+	// RoundTrip is the latency of a bare round trip (DO 1 on an idle connection of its
+	// own) sampled 20 times a second during the run: the floor any round is measured
+	// against on this machine at that moment.
+	RoundTrip Summary
 }
 
 // Contention runs replicas goroutine-replicas (each its own store and pool, and a
@@ -120,6 +124,28 @@ func Contention(ctx context.Context, replicas int, perSec float64, d time.Durati
 			}
 		}
 	})
+	// The floor: a bare round trip, sampled during the run.
+	var rtts []time.Duration
+	pinger, err := db.Raw(1)
+	if err != nil {
+		return res, err
+	}
+	defer pinger.Close()
+	bg.Go(func() {
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			t := time.Now()
+			if _, err := pinger.ExecContext(ctx, "DO 1"); err == nil {
+				rtts = append(rtts, time.Since(t))
+			}
+		}
+	})
 	time.Sleep(200 * time.Millisecond) // let something wait first
 
 	type sample struct {
@@ -175,5 +201,6 @@ func Contention(ctx context.Context, replicas int, perSec float64, d time.Durati
 	}
 	res.Losers, res.Occupied, res.Winners = Summarize(losers), Summarize(occupied), Summarize(winners)
 	res.Admitted, res.Settled = admitted.Load(), settled.Load()
+	res.RoundTrip = Summarize(rtts)
 	return res, nil
 }

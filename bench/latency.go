@@ -146,6 +146,14 @@ func (r *LatencyRig) Run(ctx context.Context, v ClaimVariant, drain bool, client
 				} else {
 					id, n, err = claimForUpdateRR(ctx, r.ClaimRaw, repo, 1000)
 				}
+				if id != 0 && err == nil {
+					// Free the slot (the batch's rows stay claimed), so the next claim
+					// runs now; also after the last claim, so the next run starts free.
+					if _, ferr := r.Raw.ExecContext(context.Background(), "UPDATE merge_batch SET status = 2 WHERE id = ?", id); ferr != nil {
+						claimErr = ferr
+						return
+					}
+				}
 				if ctx.Err() != nil {
 					return
 				}
@@ -158,11 +166,6 @@ func (r *LatencyRig) Run(ctx context.Context, v ClaimVariant, drain bool, client
 					return
 				}
 				claimTimes = append(claimTimes, time.Since(t0))
-				// Free the slot (the batch's rows stay claimed), so the next claim runs now.
-				if _, err := r.Raw.ExecContext(context.Background(), "UPDATE merge_batch SET status = 2 WHERE id = ?", id); err != nil {
-					claimErr = err
-					return
-				}
 				if n < 1000 && !drain {
 					return // the preloaded waiting set ran out
 				}

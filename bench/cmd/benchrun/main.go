@@ -52,7 +52,7 @@ func main() {
 	flag.StringVar(&c.out, "out", "BENCHMARKS.md", "report to write")
 	flag.StringVar(&c.bin, "bin", "bin", "directory with prebuilt batcherd and gitlab-sim (built by the harness when missing)")
 	flag.DurationVar(&c.dur, "dur", 2*time.Second, "duration of one throughput measurement")
-	flag.IntVar(&c.reps, "reps", 3, "repetitions of each throughput measurement (interleaved; medians reported)")
+	flag.IntVar(&c.reps, "reps", 5, "repetitions of each throughput measurement (interleaved; medians reported)")
 	flag.DurationVar(&c.latDur, "lat-dur", 5*time.Second, "duration of one admission-latency measurement")
 	flag.StringVar(&sizes, "claim-sizes", "1000,10000,100000,1000000", "waiting-set sizes for the claim cost")
 	flag.DurationVar(&c.contDur, "contention-dur", 30*time.Second, "duration of the contention run")
@@ -353,7 +353,8 @@ func contention(ctx context.Context, r *report) error {
 		return err
 	}
 	r.cont = &res
-	logf("  %d rounds, %v, errors %d, losers p99 %s ms", res.Rounds, res.Outcomes, res.Errors, bench.Ms(res.Losers.P99))
+	logf("  %d rounds, %v, errors %d, losers p99 %s ms, bare round trip p99 %s ms", res.Rounds, res.Outcomes, res.Errors,
+		bench.Ms(res.Losers.P99), bench.Ms(res.RoundTrip.P99))
 	return nil
 }
 
@@ -384,11 +385,11 @@ func endToEnd(ctx context.Context, r *report) error {
 	logf("  batched: %d ops merged in %s, %d MRs, %.2f calls/op", res.Merged, res.MergedTime.Round(time.Millisecond), res.MRs, res.CallsPerOp())
 	one := base
 	one.Ops, one.MaxBatch, one.Clients = r.cfg.baselineOps, 1, 4
-	res, err = bench.EndToEnd(ctx, one)
+	bl, err := bench.EndToEnd(ctx, one)
 	if err != nil {
 		return err
 	}
-	r.baseline = &res
-	logf("  one MR per operation: %d ops merged in %s, %d MRs, %.2f calls/op", res.Merged, res.MergedTime.Round(time.Millisecond), res.MRs, res.CallsPerOp())
+	r.baseline = &bl
+	logf("  one MR per operation: %d ops merged in %s, %d MRs, %.2f calls/op", bl.Merged, bl.MergedTime.Round(time.Millisecond), bl.MRs, bl.CallsPerOp())
 	return nil
 }
