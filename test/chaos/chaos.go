@@ -30,6 +30,7 @@ type Config struct {
 	Seed     int64
 
 	KillEvery           time.Duration // mean time between replica kills
+	FreezeMax           time.Duration // longest SIGSTOP of a replica (0: never)
 	ConnKillEvery       time.Duration // mean time between MySQL connection kills
 	FaultEvery          time.Duration // mean time between GitLab faults
 	HumanEvery          time.Duration // mean time between human MR actions
@@ -52,6 +53,7 @@ func defaultConfig() Config {
 		Workers:             6,
 		Rate:                8,
 		KillEvery:           5 * time.Second,
+		FreezeMax:           35 * time.Second, // beyond the publish lease (30s)
 		ConnKillEvery:       1500 * time.Millisecond,
 		FaultEvery:          1500 * time.Millisecond,
 		HumanEvery:          6 * time.Second,
@@ -151,6 +153,7 @@ type run struct {
 // stats counts what the chaos did.
 type stats struct {
 	ReplicaKills, ReplicaTerms, ReplicaRestartFailures int
+	ReplicaFreezes                                     int
 	ConnKills, QueryKills                              int
 	DBRestarts                                         int
 	DBDowntime                                         time.Duration

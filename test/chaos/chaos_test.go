@@ -22,6 +22,7 @@ func ciConfig() Config {
 	c.Workers = 3
 	c.Rate = 3
 	c.KillEvery = 4 * time.Second
+	c.FreezeMax = 8 * time.Second
 	c.ConnKillEvery = 1500 * time.Millisecond
 	c.FaultEvery = 2 * time.Second
 	c.HumanEvery = 4 * time.Second

@@ -443,7 +443,8 @@ func (r *run) summary(ctx context.Context) string {
 		accepted, status["merged"], status["failed"], strings.Join(reasonList, ", "), rejected, accepted-status["merged"]-status["failed"])
 	p("                  %d grants with expires_at; %d expiry revokes by batcherd (%s); %d failed operations retried by the operator (%d retries); %d decision calls retried, %d decided after the chaos",
 		expiring, total(system), describe(system), retriedOps, s.OperatorRetries, decUnknown, resolvedDecis)
-	p("replica kills     %d kill -9 + %d SIGTERM, each restarted (%d restart attempts failed while MariaDB was down)", s.ReplicaKills, s.ReplicaTerms, s.ReplicaRestartFailures)
+	p("replica kills     %d kill -9 + %d SIGTERM, each restarted (%d restart attempts failed while MariaDB was down); %d SIGSTOP freezes of up to %s",
+		s.ReplicaKills, s.ReplicaTerms, s.ReplicaRestartFailures, s.ReplicaFreezes, r.cfg.FreezeMax)
 	p("connection kills  %d KILL CONNECTION + %d KILL QUERY", s.ConnKills, s.QueryKills)
 	p("database restarts %d (down %s)", s.DBRestarts, s.DBDowntime.Round(100*time.Millisecond))
 	p("faults injected   %d (%s), applied to %d GitLab calls", faults, strings.Join(faultKinds, ", "), s.FaultCalls)

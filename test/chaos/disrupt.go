@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -14,7 +15,8 @@ import (
 )
 
 // killReplicas kills a random running replica every KillEvery (±50%) — kill -9
-// mostly, now and then a graceful SIGTERM — and restarts it 0.2–2s later. At least two
+// mostly, now and then a graceful SIGTERM — and restarts it 0.2–2s later; or freezes
+// one (SIGSTOP) for up to FreezeMax and lets it go on (SIGCONT). At least two
 // replicas keep running. A restart that fails (MariaDB is restarting) is retried until
 // the replica is up; restarts run on the run's context and outlive the chaos phase
 // (recover waits for them).
@@ -40,8 +42,28 @@ func (r *run) killReplicas(ctx context.Context, restarts *sync.WaitGroup) {
 		r.busy[rep.ID] = true
 		r.mu.Unlock()
 
-		graceful := r.rnd.Float64() < 0.15
-		if graceful {
+		p := r.rnd.Float64()
+		if p < 0.12 && r.cfg.FreezeMax > 0 {
+			// A frozen process (a long GC pause, a stopped VM): its leases run out, other
+			// replicas take its work over, and when it wakes up its writes must lose
+			// (fencing). Its connections and any open transaction stay meanwhile.
+			d := r.rnd.Dur(time.Second, r.cfg.FreezeMax)
+			r.event("SIGSTOP %s (pid %d) for %s", rep.ID, rep.Pid(), d.Round(100*time.Millisecond))
+			_ = rep.Signal(syscall.SIGSTOP)
+			r.count(func(s *stats) { s.ReplicaFreezes++ })
+			restarts.Go(func() {
+				defer func() {
+					r.mu.Lock()
+					delete(r.busy, rep.ID)
+					r.mu.Unlock()
+				}()
+				sleep(runCtx, d)
+				_ = rep.Signal(syscall.SIGCONT)
+				r.event("SIGCONT %s", rep.ID)
+			})
+			continue
+		}
+		if graceful := p < 0.27; graceful {
 			r.event("SIGTERM %s (pid %d)", rep.ID, rep.Pid())
 			if _, err := rep.Stop(10 * time.Second); err != nil {
 				r.logf("%s: %v", rep.ID, err)
@@ -87,15 +109,22 @@ func firstLine(s string) string {
 
 // killConnections KILLs 1–2 random batcherd connections every ConnKillEvery: the
 // whole connection mostly, now and then only the running statement (KILL QUERY).
-// The run's own connections log in as root and are never chosen.
+// Half the time it picks among the connections that are busy (running a statement or
+// holding an open transaction), where a kill hurts: a pool's idle connections are the
+// majority, and killing one only makes the driver dial again. The run's own
+// connections log in as root and are never chosen.
 func (r *run) killConnections(ctx context.Context) {
 	for sleep(ctx, r.rnd.Around(r.cfg.ConnKillEvery)) {
 		if !r.db.Running() {
 			continue
 		}
 		qctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		rows, err := r.sql.QueryContext(qctx, `SELECT ID FROM information_schema.PROCESSLIST
-			WHERE USER = ? AND DB = ? AND ID <> CONNECTION_ID()`, r.db.User, r.c.DBName)
+		query := `SELECT ID FROM information_schema.PROCESSLIST
+			WHERE USER = ? AND DB = ? AND ID <> CONNECTION_ID()`
+		if r.rnd.Float64() < 0.5 {
+			query += ` AND (COMMAND <> 'Sleep' OR ID IN (SELECT trx_mysql_thread_id FROM information_schema.INNODB_TRX))`
+		}
+		rows, err := r.sql.QueryContext(qctx, query, r.db.User, r.c.DBName)
 		if err != nil {
 			cancel()
 			continue

@@ -11,7 +11,7 @@
 //     Idempotency-Key and concurrent duplicates, retried on every unknown outcome;
 //     an operator retries some failed operations;
 //   - kill -9 of a random replica every few seconds (sometimes a graceful SIGTERM),
-//     restarted shortly after;
+//     restarted shortly after, or a SIGSTOP freeze beyond the publish lease;
 //   - KILL (connection or query) of random batcherd MySQL connections, found in
 //     information_schema.processlist (the run's own connections use another user);
 //   - one restart of mariadbd in the middle (SIGTERM, start again on the same data
@@ -68,6 +68,7 @@ func main() {
 	flag.IntVar(&cfg.Workers, "workers", cfg.Workers, "concurrent submitters")
 	flag.Int64Var(&cfg.Seed, "seed", 0, "random seed (default: from the clock; printed)")
 	flag.DurationVar(&cfg.KillEvery, "kill-every", cfg.KillEvery, "mean time between two replica kills")
+	flag.DurationVar(&cfg.FreezeMax, "freeze-max", cfg.FreezeMax, "longest SIGSTOP freeze of a replica (0: none)")
 	flag.DurationVar(&cfg.ConnKillEvery, "conn-kill-every", cfg.ConnKillEvery, "mean time between two MySQL connection kills")
 	flag.DurationVar(&cfg.FaultEvery, "fault-every", cfg.FaultEvery, "mean time between two GitLab faults")
 	flag.DurationVar(&cfg.HumanEvery, "human-every", cfg.HumanEvery, "mean time between two human actions on MRs")
