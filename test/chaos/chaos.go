@@ -126,6 +126,9 @@ func (r *rnd) Around(mean time.Duration) time.Duration { return r.Dur(mean/2, me
 
 // run is the state of one chaos run.
 type run struct {
+	// ctx is the run's context: it ends on an interrupt only. Work that must outlive
+	// the chaos phase (a replica restart, a call in flight) runs on it.
+	ctx   context.Context
 	cfg   Config
 	out   io.Writer
 	rnd   *rnd
@@ -210,7 +213,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (sum *Summary, err erro
 	if cfg.Seed == 0 {
 		cfg.Seed = time.Now().UnixNano()
 	}
-	r := &run{cfg: cfg, out: out, rnd: newRnd(cfg.Seed), start: time.Now(), busy: map[string]bool{}}
+	r := &run{ctx: ctx, cfg: cfg, out: out, rnd: newRnd(cfg.Seed), start: time.Now(), busy: map[string]bool{}}
 	r.stats.Faults = map[string]int{}
 	r.logf("batcherd chaos: %d replicas, MariaDB (private), gitlab-sim, %d repositories; chaos %s, drain bound %s, seed %d",
 		cfg.Replicas, len(repos), cfg.Duration, cfg.Drain, cfg.Seed)
@@ -317,6 +320,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (sum *Summary, err erro
 	chaosCtx, stopChaos := context.WithTimeout(ctx, cfg.Duration)
 	defer stopChaos()
 	restarts := &sync.WaitGroup{}
+	// Every return waits for the restarts and freezes in flight (they end at once on
+	// an interrupt), so none starts a replica after the cluster is closed.
+	defer restarts.Wait()
 	var wg sync.WaitGroup
 	if err := r.c.Sim.SetPipelines(ctx, time.Second, cfg.PipelineFailureRate, false); err != nil {
 		return nil, err

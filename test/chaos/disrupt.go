@@ -21,7 +21,7 @@ import (
 // the replica is up; restarts run on the run's context and outlive the chaos phase
 // (recover waits for them).
 func (r *run) killReplicas(ctx context.Context, restarts *sync.WaitGroup) {
-	runCtx := context.WithoutCancel(ctx)
+	runCtx := r.ctx // outlives the chaos phase, not an interrupt
 	for sleep(ctx, r.rnd.Around(r.cfg.KillEvery)) {
 		var cands []*harness.Replica
 		running := 0
@@ -92,6 +92,9 @@ func (r *run) killReplicas(ctx context.Context, restarts *sync.WaitGroup) {
 				}
 				r.count(func(s *stats) { s.ReplicaRestartFailures++ })
 				r.event("%s did not start (attempt %d, MariaDB down?): %s", rep.ID, attempt, firstLine(err.Error()))
+				if runCtx.Err() != nil {
+					return
+				}
 				if attempt >= 60 {
 					r.logf("%s: giving up restarting after %d attempts: %v", rep.ID, attempt, err)
 					return
@@ -170,7 +173,7 @@ func (r *run) restartDB(ctx context.Context) {
 	if !sleep(ctx, r.cfg.Duration/2) {
 		return
 	}
-	runCtx := context.WithoutCancel(ctx)
+	runCtx := r.ctx // outlives the chaos phase, not an interrupt
 	r.logf("restarting MariaDB (SIGTERM, then start on the same data directory and port)")
 	t0 := time.Now()
 	if err := r.db.Stop(60 * time.Second); err != nil {
@@ -359,7 +362,7 @@ func (r *run) human(ctx context.Context) {
 // operator retries a few failed operations of the load (POST /v1/operations/{id}/retry)
 // every OperatorEvery: each becomes queued again, and must end merged or failed.
 func (r *run) operator(ctx context.Context) {
-	runCtx := context.WithoutCancel(ctx)
+	runCtx := r.ctx // outlives the chaos phase, not an interrupt
 	for sleep(ctx, r.rnd.Around(r.cfg.OperatorEvery)) {
 		l := r.load
 		l.mu.Lock()

@@ -88,7 +88,7 @@ func newLoad(r *run) *load {
 // Calls in flight finish on the run's context, not the chaos one: cutting them off
 // would only turn answers into unknown outcomes.
 func (l *load) run(chaosCtx context.Context) {
-	ctx := context.WithoutCancel(chaosCtx)
+	ctx := l.r.ctx
 	var wg sync.WaitGroup
 	interval := time.Duration(float64(time.Second) * float64(l.r.cfg.Workers) / l.r.cfg.Rate)
 	for range l.r.cfg.Workers {
