@@ -202,9 +202,11 @@ func approxBytes(p OperationCreateParams) int {
 	return 512 + 3*(len(p.Subject)+len(p.Target)) + 2*len(p.Repo) + len(p.IdempotencyKey) + len(p.Attributes)
 }
 
-// groupTimeout bounds one group's transaction. The group does not run on any caller's
-// context: one caller leaving must not roll back the others.
-const groupTimeout = 30 * time.Second
+// A group does not run on any caller's context: one caller leaving must not roll back
+// the others. It runs on context.Background(), which also spares the driver its
+// per-query cancellation watcher (a goroutine hand-off per statement, measurable on
+// the admission path); the connection's read and write timeouts (Options.IOTimeout,
+// forced on every DSN by ParseDSN) bound every wait on the server instead.
 
 // admitAfterRead, when set (tests only, admit_export_test.go), runs in every group
 // after its read and before its writes, so a test can move a row in between.
@@ -252,8 +254,7 @@ func (s *Store) runAdmitGroup(a *admitter, group []*admitReq) {
 			break
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), groupTimeout)
-	defer cancel()
+	ctx := context.Background()
 
 	// Requests whose key or relation already appeared earlier in the group go serial,
 	// after the group (their answer depends on the earlier request's outcome).
