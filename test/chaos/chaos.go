@@ -146,6 +146,8 @@ type run struct {
 	viol  []string
 	// replica restarts in flight (a replica is not killed again before it is back)
 	busy map[string]bool
+	// dbRestart is true from the start of the database restart until it is back
+	dbRestart bool
 	// results of the end checks, for the summary
 	audit                 harness.AuditReport
 	verifyOut             string
@@ -157,6 +159,7 @@ type run struct {
 type stats struct {
 	ReplicaKills, ReplicaTerms, ReplicaRestartFailures int
 	ReplicaFreezes                                     int
+	LiveVerifies, LiveVerifyErrors                     int
 	ConnKills, QueryKills                              int
 	DBRestarts                                         int
 	DBDowntime                                         time.Duration
@@ -312,6 +315,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (sum *Summary, err erro
 	r.sql = sql.OpenDB(conn)
 	defer r.sql.Close()
 	r.sql.SetMaxOpenConns(4)
+	if err := r.grantLiveVerify(ctx); err != nil {
+		return nil, err
+	}
 	r.logf("database %s, gitlab-sim %s, replicas %s", r.c.DBName, r.c.Sim.URL, replicaList(r.c))
 	r.start = time.Now()
 
@@ -337,6 +343,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (sum *Summary, err erro
 	wg.Go(func() { r.human(chaosCtx) })
 	wg.Go(func() { r.operator(chaosCtx) })
 	wg.Go(func() { r.monitor(chaosCtx) })
+	wg.Go(func() { r.liveVerify(chaosCtx) })
 	wg.Go(func() { r.progress(chaosCtx) })
 	wg.Wait()
 	if ctx.Err() != nil {

@@ -453,6 +453,7 @@ func (r *run) summary(ctx context.Context) string {
 	p("batches           %d (%s); MRs %d (%s); batches with exactly one MR %d", audit.Batches, describe(audit.BatchesByStatus), audit.MRs, describe(audit.MRsByState), audit.OneMRPerBatch)
 	p("repository        %d binding files on the default branches, %d active bindings", files, active)
 	p("batcherd verify   exit %d: %s", verifyCode, strings.ReplaceAll(strings.TrimSpace(verifyOut), "\n", "; "))
+	p("                  and %d clean audits during the chaos (read-only account; %d could not run while MariaDB restarted)", s.LiveVerifies, s.LiveVerifyErrors)
 	p("violations        %d", viol)
 	if viol > 0 {
 		r.mu.Lock()

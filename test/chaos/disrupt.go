@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -175,6 +177,14 @@ func (r *run) restartDB(ctx context.Context) {
 	}
 	runCtx := r.ctx // outlives the chaos phase, not an interrupt
 	r.logf("restarting MariaDB (SIGTERM, then start on the same data directory and port)")
+	r.mu.Lock()
+	r.dbRestart = true
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.dbRestart = false
+		r.mu.Unlock()
+	}()
 	t0 := time.Now()
 	if err := r.db.Stop(60 * time.Second); err != nil {
 		r.logf("stopping MariaDB: %v", err)
@@ -475,4 +485,72 @@ func (r *run) statusLine(ctx context.Context) string {
 	return fmt.Sprintf("ops: pending %d queued %d in_batch %d merged %d failed %d rejected %d | active batches %d | replicas up %d/%d, db %s | kills %d+%d term, conn kills %d, faults %d, human %d",
 		ops["pending_approval"], ops["queued"], ops["in_batch"], ops["merged"], ops["failed"], ops["rejected"], active,
 		live, len(r.c.Replicas), db, s.ReplicaKills, s.ReplicaTerms, s.ConnKills+s.QueryKills, faults, s.HumanMerges+s.HumanCloses)
+}
+
+// liveVerifyUser is the read-only account the live audits use: SELECT on the run's
+// database only, so an audit proves `batcherd verify` needs no more, and the
+// connection killer (which targets batcherd's account) leaves it alone.
+const liveVerifyUser = "chaosverify"
+
+// grantLiveVerify creates liveVerifyUser.
+func (r *run) grantLiveVerify(ctx context.Context) error {
+	for _, q := range []string{
+		"CREATE USER IF NOT EXISTS '" + liveVerifyUser + "'@'127.0.0.1' IDENTIFIED BY '" + liveVerifyUser + "'",
+		"GRANT SELECT ON `" + r.c.DBName + "`.* TO '" + liveVerifyUser + "'@'127.0.0.1'",
+	} {
+		if _, err := r.sql.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("%s: %w", q, err)
+		}
+	}
+	return nil
+}
+
+// liveVerify runs `batcherd verify` every few seconds while the chaos goes on. Each
+// audit reads one consistent snapshot, and every store method is one transaction, so
+// a live system must never show a violation, not even a transient one. Audits that
+// fail to run (MariaDB restarting) are counted, not judged.
+func (r *run) liveVerify(ctx context.Context) {
+	cfg, _ := mysql.ParseDSN(r.db.ServerDSN())
+	cfg.User, cfg.Passwd, cfg.DBName = liveVerifyUser, liveVerifyUser, r.c.DBName
+	env := []string{"BATCHERD_MYSQL_DSN=" + cfg.FormatDSN(), "BATCHERD_LOG_FORMAT=text", "BATCHERD_LOG_LEVEL=warn"}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "BATCHERD_") {
+			env = append(env, kv)
+		}
+	}
+	for sleep(ctx, r.rnd.Around(8*time.Second)) {
+		starts := r.db.Starts()
+		if !r.db.Running() || r.dbRestarting() {
+			continue
+		}
+		vctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		cmd := exec.CommandContext(vctx, r.c.Bin.Batcherd, "verify")
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		cancel()
+		code := cmd.ProcessState.ExitCode()
+		text := string(out)
+		// An audit that overlapped the database restart may fail in any way (even exit
+		// 3: a schema read cut off reads as drift); only the others are judged.
+		overlapped := r.dbRestarting() || r.db.Starts() != starts
+		switch {
+		case err == nil:
+			r.count(func(s *stats) { s.LiveVerifies++ })
+		case ctx.Err() != nil:
+			return
+		case !overlapped && (code == 3 || code == 1 && strings.Contains(text, "violation(s):")):
+			r.count(func(s *stats) { s.LiveVerifies++ })
+			r.violation("batcherd verify during the chaos exited %d:\n%s", code, text)
+		default:
+			r.count(func(s *stats) { s.LiveVerifyErrors++ })
+			r.event("live verify did not run (exit %d): %s", code, firstLine(text))
+		}
+	}
+}
+
+// dbRestarting reports whether the database restart is in progress.
+func (r *run) dbRestarting() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.dbRestart
 }
