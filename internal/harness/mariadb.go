@@ -272,6 +272,17 @@ func (m *MariaDB) Stop(grace time.Duration) error {
 	return err
 }
 
+// Kill ends mariadbd with SIGKILL: a crash, recovered from the redo log at the next
+// Start.
+func (m *MariaDB) Kill() error {
+	p := m.Process()
+	if p == nil || p.Exited() {
+		return nil
+	}
+	m.logfn("mariadb: kill -9 (pid %d)", p.Pid())
+	return p.Kill()
+}
+
 // Start starts mariadbd again on the same data directory, port and socket, and waits
 // until it accepts connections.
 func (m *MariaDB) Start(ctx context.Context) error {

@@ -68,6 +68,17 @@ func TestPrivateMariaDB(t *testing.T) {
 	if err := db.PingContext(ctx); err != nil {
 		t.Fatalf("ping after Start: %v", err)
 	}
+	// A crash: committed rows survive (crash recovery from the redo log).
+	mustExec("INSERT INTO t1.x VALUES (43)")
+	if err := m.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM t1.x").Scan(&n); err != nil || n != 2 {
+		t.Fatalf("after kill -9 and start: %d rows, %v", n, err)
+	}
 	dir := m.Dir
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
