@@ -38,6 +38,8 @@ type Config struct {
 	PipelineFailureRate float64
 	BatchTimeout        time.Duration
 	NoDBRestart         bool
+	DBRestarts          int  // how many times MariaDB is restarted (default 1, spread evenly)
+	DBCrash             bool // SIGKILL instead of SIGTERM (crash recovery)
 
 	Keep    bool // keep logs and the private MariaDB directory
 	Verbose bool

@@ -446,7 +446,11 @@ func (r *run) summary(ctx context.Context) string {
 	p("replica kills     %d kill -9 + %d SIGTERM, each restarted (%d restart attempts failed while MariaDB was down); %d SIGSTOP freezes of up to %s",
 		s.ReplicaKills, s.ReplicaTerms, s.ReplicaRestartFailures, s.ReplicaFreezes, r.cfg.FreezeMax)
 	p("connection kills  %d KILL CONNECTION + %d KILL QUERY", s.ConnKills, s.QueryKills)
-	p("database restarts %d (down %s)", s.DBRestarts, s.DBDowntime.Round(100*time.Millisecond))
+	how := "SIGTERM, clean shutdown"
+	if r.cfg.DBCrash {
+		how = "kill -9, crash recovery"
+	}
+	p("database restarts %d (%s; down %s in all)", s.DBRestarts, how, s.DBDowntime.Round(100*time.Millisecond))
 	p("faults injected   %d (%s), applied to %d GitLab calls", faults, strings.Join(faultKinds, ", "), s.FaultCalls)
 	p("human             %d MRs merged, %d closed behind batcherd's back; %d pipelines failed by hand, %d failed pipelines retried; pipelines also fail by themselves at %.0f%%",
 		s.HumanMerges, s.HumanCloses, s.PipelinesFailedByHand, s.PipelinesRetried, 100*r.cfg.PipelineFailureRate)

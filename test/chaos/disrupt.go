@@ -169,14 +169,27 @@ func (r *run) killConnections(ctx context.Context) {
 	}
 }
 
-// restartDB restarts the private mariadbd once, in the middle of the chaos: SIGTERM,
-// wait for the clean shutdown, start again on the same data directory and port.
+// restartDB restarts the private mariadbd DBRestarts times (once by default, in the
+// middle of the chaos): SIGTERM and wait for the clean shutdown (or kill -9 with
+// DBCrash), then start again on the same data directory and port.
 func (r *run) restartDB(ctx context.Context) {
-	if !sleep(ctx, r.cfg.Duration/2) {
-		return
+	n := max(r.cfg.DBRestarts, 1)
+	every := r.cfg.Duration / time.Duration(n+1)
+	for range n {
+		if !sleep(ctx, every) {
+			return
+		}
+		r.restartDBOnce()
 	}
+}
+
+func (r *run) restartDBOnce() {
 	runCtx := r.ctx // outlives the chaos phase, not an interrupt
-	r.logf("restarting MariaDB (SIGTERM, then start on the same data directory and port)")
+	how := "SIGTERM"
+	if r.cfg.DBCrash {
+		how = "kill -9"
+	}
+	r.logf("restarting MariaDB (%s, then start on the same data directory and port)", how)
 	r.mu.Lock()
 	r.dbRestart = true
 	r.mu.Unlock()
@@ -186,7 +199,11 @@ func (r *run) restartDB(ctx context.Context) {
 		r.mu.Unlock()
 	}()
 	t0 := time.Now()
-	if err := r.db.Stop(60 * time.Second); err != nil {
+	stop := func() error { return r.db.Stop(60 * time.Second) }
+	if r.cfg.DBCrash {
+		stop = r.db.Kill
+	}
+	if err := stop(); err != nil {
 		r.logf("stopping MariaDB: %v", err)
 	}
 	// A moment with the server really gone, as a failover would leave it.

@@ -75,6 +75,8 @@ func main() {
 	flag.Float64Var(&cfg.PipelineFailureRate, "pipeline-failure-rate", cfg.PipelineFailureRate, "probability that a pipeline fails by itself")
 	flag.DurationVar(&cfg.BatchTimeout, "batch-timeout", cfg.BatchTimeout, "BATCHERD_BATCH_TIMEOUT of the replicas")
 	flag.BoolVar(&cfg.NoDBRestart, "no-db-restart", false, "do not restart MariaDB")
+	flag.IntVar(&cfg.DBRestarts, "db-restarts", 1, "how many times MariaDB is restarted, spread over the chaos")
+	flag.BoolVar(&cfg.DBCrash, "db-crash", false, "restart MariaDB with kill -9 (crash recovery) instead of SIGTERM")
 	flag.BoolVar(&cfg.Keep, "keep", false, "keep the logs and the private MariaDB's directory")
 	flag.BoolVar(&cfg.Verbose, "v", false, "print every chaos event")
 	flag.Parse()
