@@ -52,8 +52,9 @@ type opRec struct {
 
 // load submits applications and records every answer.
 type load struct {
-	r    *run
-	rels []*relation
+	r       *run
+	rels    []*relation
+	clients []*harness.Client // one per replica, no failover
 
 	mu   sync.Mutex
 	keys map[string]*keyRec
@@ -73,6 +74,9 @@ type load struct {
 
 func newLoad(r *run) *load {
 	l := &load{r: r, keys: map[string]*keyRec{}, ops: map[string]*opRec{}, refused: map[string]int{}}
+	for _, rep := range r.c.Replicas {
+		l.clients = append(l.clients, rep.Client())
+	}
 	for _, repo := range repos {
 		subjects, targets := relationsOf(repo)
 		for _, t := range targets {
@@ -145,18 +149,24 @@ func (l *load) one(ctx context.Context) {
 	deadline := time.Now().Add(15 * time.Second)
 	switch kind {
 	case "duplicate":
-		n := 2 + rnd.IntN(2)
+		n := 2 + rnd.IntN(3)
+		// Half the groups go to one replica, where concurrent admissions share one
+		// group transaction; the others are spread over every replica.
+		cl := l.r.api
+		if rnd.Float64() < 0.5 {
+			cl = l.clients[rnd.IntN(len(l.clients))]
+		}
 		l.mu.Lock()
 		l.dupGroups++
 		l.dupRequests += n
 		l.mu.Unlock()
 		var wg sync.WaitGroup
 		for range n {
-			wg.Go(func() { l.submit(ctx, k, deadline) })
+			wg.Go(func() { l.submit(ctx, k, deadline, cl) })
 		}
 		wg.Wait()
 	default:
-		l.submit(ctx, k, deadline)
+		l.submit(ctx, k, deadline, l.r.api)
 	}
 	if kind == "retried" {
 		l.wg.Go(func() {
@@ -167,7 +177,7 @@ func (l *load) one(ctx context.Context) {
 				l.mu.Lock()
 				l.exactRetries++
 				l.mu.Unlock()
-				l.submit(ctx, k, time.Now().Add(15*time.Second))
+				l.submit(ctx, k, time.Now().Add(15*time.Second), l.r.api)
 			}
 			l.adopt(ctx, k)
 		})
@@ -175,12 +185,14 @@ func (l *load) one(ctx context.Context) {
 	l.adopt(ctx, k)
 }
 
-// submit sends k's request until an answer is definitive (2xx or 4xx) or deadline.
-// It reports whether one was.
-func (l *load) submit(ctx context.Context, k *keyRec, deadline time.Time) bool {
+// submit sends k's request through cl until an answer is definitive (2xx or 4xx) or
+// deadline; a retry after an unknown outcome goes through the cluster client, which
+// fails over. It reports whether an answer was definitive.
+func (l *load) submit(ctx context.Context, k *keyRec, deadline time.Time, cl *harness.Client) bool {
 	wait := 200 * time.Millisecond
 	for {
-		a := l.send(ctx, k)
+		a := l.send(ctx, k, cl)
+		cl = l.r.api
 		if a.status != 0 && a.status < 500 {
 			return true
 		}
@@ -195,9 +207,9 @@ func (l *load) submit(ctx context.Context, k *keyRec, deadline time.Time) bool {
 }
 
 // send sends k's request once and records the answer.
-func (l *load) send(ctx context.Context, k *keyRec) answer {
+func (l *load) send(ctx context.Context, k *keyRec, cl *harness.Client) answer {
 	a := answer{sent: time.Now()}
-	op, created, err := l.r.api.Submit(ctx, k.req, k.key)
+	op, created, err := cl.Submit(ctx, k.req, k.key)
 	a.recv = time.Now()
 	var ae *harness.APIError
 	switch {
@@ -225,6 +237,9 @@ func (l *load) send(ctx context.Context, k *keyRec) answer {
 		l.unknown++
 	default:
 		l.refused[fmt.Sprintf("%d %s", a.status, a.code)]++
+		if a.status == 400 {
+			l.r.event("key %s: 400 %s: %s", k.key, a.code, a.err)
+		}
 	}
 	return a
 }
@@ -312,7 +327,7 @@ func (l *load) resolve(ctx context.Context, deadline time.Time) error {
 	}
 	l.mu.Unlock()
 	for _, k := range keys {
-		if !l.submit(ctx, k, deadline) {
+		if !l.submit(ctx, k, deadline, l.r.api) {
 			return fmt.Errorf("application %s: no definitive answer by the deadline (last: %+v)", k.key, k.answers[len(k.answers)-1])
 		}
 		l.mu.Lock()
