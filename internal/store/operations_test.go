@@ -1044,3 +1044,95 @@ func TestAdmissionLeavesNoOpenTransaction(t *testing.T) {
 		}
 	})
 }
+
+// I3 for the admission path itself: while a claim transaction of the same repository is
+// held open after its UPDATEs, OperationCreate (auto-approved, so it inserts waiting
+// rows too) still answers, in every statement mode, whether the claim takes every
+// waiting row or only some. If an admission waited for the claim's locks, it could not
+// return before the claim is released.
+func TestAdmissionNeverWaitsForOpenClaim(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		waiting, max  int
+		plain, serial bool
+	}{
+		{"claim takes every row/compound", 3, 10, false, false},
+		{"claim takes some rows/compound", 30, 10, false, false},
+		{"claim takes every row/plain", 3, 10, true, false},
+		{"claim takes every row/serial", 3, 10, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st, _ := storetest.New(t)
+			ctx := context.Background()
+			const repo = "group/i3-admission"
+			storetest.InsertQueuedOps(t, st, repo, tc.waiting)
+			o := store.AdmitOptions{PlainStatements: tc.plain}
+			if tc.serial {
+				o.Mode = store.AdmitSerial
+			}
+			st.SetAdmitOptions(o)
+			// Re-applications too (the read path), not only new relations.
+			var rejected []string
+			for i := 0; i < 5; i++ {
+				op := mustCreate(t, st, grant("i3-re-"+itoa(i), "t"))
+				if _, err := st.OperationReject(ctx, op.OperationID); err != nil {
+					t.Fatal(err)
+				}
+				rejected = append(rejected, "i3-re-"+itoa(i))
+			}
+
+			held, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			st.Hooks = &store.Hooks{ClaimAfterUpdate: func(context.Context, int64) {
+				once.Do(func() { close(held) })
+				<-release
+			}}
+			var res store.ClaimResult
+			var claimErr error
+			go func() {
+				defer close(done)
+				res, claimErr = st.BatchClaim(ctx, repo, tc.max)
+			}()
+			<-held
+
+			subjects := append([]string{}, rejected...)
+			for i := 0; i < 40; i++ {
+				subjects = append(subjects, "i3-new-"+itoa(i))
+			}
+			errs := make([]error, len(subjects))
+			var wg sync.WaitGroup
+			for i, s := range subjects {
+				wg.Go(func() {
+					// A generous bound only so that a blocked admission fails the test
+					// instead of hanging it.
+					actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+					defer cancel()
+					p := grant(s, "t")
+					p.Repo, p.AutoApprove = repo, true
+					_, created, err := st.OperationCreate(actx, p)
+					if err == nil && !created {
+						err = errors.New("not created")
+					}
+					errs[i] = err
+				})
+			}
+			wg.Wait()
+			select {
+			case <-done:
+				t.Fatal("the claim finished before the admissions: it was not held open")
+			default:
+			}
+			close(release)
+			<-done
+			st.Hooks = nil
+			for i, err := range errs {
+				if err != nil {
+					t.Fatalf("admission %s while the claim was open: %v", subjects[i], err)
+				}
+			}
+			if claimErr != nil || res.Outcome != store.ClaimClaimed || len(res.OperationIDs) != min(tc.waiting, tc.max) {
+				t.Fatalf("held claim = %+v, %v", res, claimErr)
+			}
+		})
+	}
+}
