@@ -210,7 +210,8 @@ func (r *report) throughputSection(w func(string, ...any)) {
 		"Idempotency-Key: it writes the key, the operation, the binding, the waiting row and two audit events (6 rows). "+
 		"The raw ceiling writes one `operation` row per autocommit INSERT. Ratios are to the higher of the two raw "+
 		"figures at the same concurrency. CPU columns: CPU time per admission of this process (clients, store, API) and "+
-		"of mariadbd, from /proc.\n\n", r.cfg.dur, r.cfg.reps)
+		"of mariadbd, from /proc — the server's figure includes whatever other sessions ran on the shared server "+
+		"meanwhile (other test suites use it too), so read it in the quiet rows.\n\n", r.cfg.dur, r.cfg.reps)
 	for _, c := range r.cfg.clients {
 		ceil := r.ceiling(c)
 		w("**%d client(s)**\n\n", c)
