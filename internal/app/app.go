@@ -92,6 +92,13 @@ func CheckSchema(ctx context.Context, cfg *config.Config, env Env) error {
 func checkSchema(ctx context.Context, st *store.Store, log *slog.Logger) error {
 	rep, err := st.CheckSchema(ctx)
 	if err != nil {
+		// Only drift the check found is drift (exit 3). Failing to read the schema (the
+		// connection broke, the server went away mid-check) is an ordinary failure
+		// (exit 1): a network blip must not send an operator to the drift runbook.
+		// Found by the chaos run's live `batcherd verify` during a database restart.
+		if !errors.Is(err, store.ErrSchemaDrift) {
+			return fmt.Errorf("reading the schema: %w", err)
+		}
 		return fmt.Errorf("%w: %w", ErrSchemaDrift, err)
 	}
 	log.Info("schema verified", rep.LogAttrs()...)
