@@ -148,8 +148,6 @@ type run struct {
 	viol  []string
 	// replica restarts in flight (a replica is not killed again before it is back)
 	busy map[string]bool
-	// dbRestart is true from the start of the database restart until it is back
-	dbRestart bool
 	// results of the end checks, for the summary
 	audit                 harness.AuditReport
 	verifyOut             string
