@@ -102,6 +102,19 @@ func (s *Scanner) settleFailure(ctx context.Context, b store.Batch, f failure, l
 		switch m.State {
 		case mr.StateMerged:
 			log.Info("merge request merged while being failed: merged wins", "mr_iid", m.IID, "class", f.class)
+			if b.MRIID == nil {
+				// Found by its branch, never recorded (its publisher died or lost the
+				// answer before recording it). Record it first, guarded like any publish,
+				// so that a SUCCEEDED batch always names the MR that merged it. Found by
+				// the chaos run (verify: "SUCCEEDED batch has no MR recorded"). A crash
+				// between the two writes leaves a RUNNING batch with a merged MR, which
+				// reconcile settles.
+				nb, err := s.st.BatchRecordMR(ctx, b.ID, b.Version, store.MRRecord{IID: m.IID, URL: m.WebURL, SHA: m.SHA})
+				if err != nil {
+					return b, err
+				}
+				b = nb
+			}
 			return s.settleSucceeded(ctx, b, log)
 		case mr.StateClosed:
 		default:
