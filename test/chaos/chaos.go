@@ -167,6 +167,7 @@ type stats struct {
 	FaultCalls                                         int // API calls the faults applied to
 	PipelinesFailedByHand, PipelinesRetried            int
 	HumanMerges, HumanCloses                           int
+	OrphanMerges                                       int
 	OperatorRetries                                    int
 	ChaosTime, DrainTime, Total                        time.Duration
 }
@@ -341,6 +342,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (sum *Summary, err erro
 	}
 	wg.Go(func() { r.injectFaults(chaosCtx) })
 	wg.Go(func() { r.human(chaosCtx) })
+	wg.Go(func() { r.sniper(chaosCtx) })
 	wg.Go(func() { r.operator(chaosCtx) })
 	wg.Go(func() { r.monitor(chaosCtx) })
 	wg.Go(func() { r.liveVerify(chaosCtx) })

@@ -452,8 +452,8 @@ func (r *run) summary(ctx context.Context) string {
 	}
 	p("database restarts %d (%s; down %s in all)", s.DBRestarts, how, s.DBDowntime.Round(100*time.Millisecond))
 	p("faults injected   %d (%s), applied to %d GitLab calls", faults, strings.Join(faultKinds, ", "), s.FaultCalls)
-	p("human             %d MRs merged, %d closed behind batcherd's back; %d pipelines failed by hand, %d failed pipelines retried; pipelines also fail by themselves at %.0f%%",
-		s.HumanMerges, s.HumanCloses, s.PipelinesFailedByHand, s.PipelinesRetried, 100*r.cfg.PipelineFailureRate)
+	p("human             %d MRs merged, %d closed behind batcherd's back; %d pipelines failed by hand, %d failed pipelines retried; pipelines also fail by themselves at %.0f%%; %d open MRs of settled batches merged",
+		s.HumanMerges, s.HumanCloses, s.PipelinesFailedByHand, s.PipelinesRetried, 100*r.cfg.PipelineFailureRate, s.OrphanMerges)
 	p("batches           %d (%s); MRs %d (%s); batches with exactly one MR %d", audit.Batches, describe(audit.BatchesByStatus), audit.MRs, describe(audit.MRsByState), audit.OneMRPerBatch)
 	p("repository        %d binding files on the default branches, %d active bindings", files, active)
 	p("batcherd verify   exit %d: %s", verifyCode, strings.ReplaceAll(strings.TrimSpace(verifyOut), "\n", "; "))

@@ -384,6 +384,37 @@ func (r *run) human(ctx context.Context) {
 	}
 }
 
+// sniper is a second human, with a nose for orphans: it merges at once any open batch
+// MR whose batch the database already settled (a publish that lost to a settle, whose
+// MR batcherd has yet to close). Merged wins: the database must follow.
+func (r *run) sniper(ctx context.Context) {
+	for sleep(ctx, 200*time.Millisecond) {
+		st, err := r.c.Sim.State(ctx)
+		if err != nil {
+			continue
+		}
+		for _, repo := range sortedKeys(openBatchMRs(st)) {
+			for _, m := range openBatchMRs(st)[repo] {
+				id, ok := strings.CutPrefix(m.SourceBranch, "batcherd/batch-")
+				if !ok {
+					continue
+				}
+				var status int
+				qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				err := r.sql.QueryRowContext(qctx, "SELECT status FROM merge_batch WHERE id = ?", id).Scan(&status)
+				cancel()
+				if err != nil || (status != 2 && status != 3) {
+					continue
+				}
+				if r.c.Sim.MergeMR(ctx, repo, m.IID) == nil {
+					r.count(func(s *stats) { s.OrphanMerges++ })
+					r.logf("human merged %s!%d, an open MR of batch %s, which is settled (status %d)", repo, m.IID, id, status)
+				}
+			}
+		}
+	}
+}
+
 // operator retries a few failed operations of the load (POST /v1/operations/{id}/retry)
 // every OperatorEvery: each becomes queued again, and must end merged or failed.
 func (r *run) operator(ctx context.Context) {
