@@ -22,6 +22,7 @@ type publishConfig struct {
 	mode     MergeMode
 	limit    int
 	workers  int
+	timeout  time.Duration // BatchTimeout: a batch past it is not published again
 }
 
 // publishLoop gives each RUNNING batch without an MR its branch, commit and MR, records
@@ -40,6 +41,21 @@ func (l *publishLoop) runOnce(ctx context.Context) error {
 		return err
 	}
 	due = slices.DeleteFunc(due, func(b store.Batch) bool { return b.Status != store.BatchRunning || b.MRIID != nil })
+	if len(due) > 0 {
+		// A batch past the timeout (DB clock) is not published again: no renewed
+		// reservation, so the timeout sweep — which leaves a batch alone while a publish
+		// reservation is live — takes it within a lease, and finds by its branch any MR
+		// an earlier publisher opened. Renewing it would let a publish run into the
+		// settle (see store.qBatchesTimedOut; found by the chaos run). On a read error,
+		// publish as before.
+		if late, err := l.s.st.BatchesTimedOut(ctx, l.cfg.timeout, l.cfg.limit); err == nil && len(late) > 0 {
+			ids := make(map[int64]bool, len(late))
+			for _, b := range late {
+				ids[b.ID] = true
+			}
+			due = slices.DeleteFunc(due, func(b store.Batch) bool { return ids[b.ID] })
+		}
+	}
 	started, failed := forEach(ctx, l.s, l.cfg.workers, due, func(ctx context.Context, b store.Batch) error {
 		log := batchLog(l.log, b)
 		// tryLock: the reservation pushes next_check_at past the lease, so other

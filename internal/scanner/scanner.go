@@ -223,7 +223,7 @@ func New(cfg Config, st *store.Store, gl GitLab, log *slog.Logger, reg prometheu
 		},
 	}
 	s.claim = &claimLoop{s: s, cfg: claimConfig{repos: cfg.Repos, schedule: cfg.ClaimSchedule, maxBatch: cfg.MaxBatchSize}, log: log.With("loop", "claim")}
-	s.publish = &publishLoop{s: s, cfg: publishConfig{interval: cfg.PublishInterval, lease: cfg.PublishLease, target: cfg.TargetBranch, mode: cfg.MergeMode, limit: cfg.ScanLimit, workers: cfg.Workers}, log: log.With("loop", "publish")}
+	s.publish = &publishLoop{s: s, cfg: publishConfig{interval: cfg.PublishInterval, lease: cfg.PublishLease, target: cfg.TargetBranch, mode: cfg.MergeMode, limit: cfg.ScanLimit, workers: cfg.Workers, timeout: cfg.BatchTimeout}, log: log.With("loop", "publish")}
 	s.reconcile = &reconcileLoop{s: s, cfg: reconcileConfig{interval: cfg.ReconcileInterval, mode: cfg.MergeMode, onFailure: cfg.OnFailure, limit: cfg.ScanLimit, workers: cfg.Workers}, log: log.With("loop", "reconcile")}
 	s.timeout = &timeoutLoop{s: s, cfg: timeoutConfig{interval: cfg.TimeoutInterval, timeout: cfg.BatchTimeout, lease: cfg.SettleLease, limit: cfg.ScanLimit, workers: cfg.Workers}, log: log.With("loop", "timeout")}
 	s.expiry = &expiryLoop{s: s, cfg: expiryConfig{interval: cfg.ExpiryInterval, limit: cfg.ScanLimit}, log: log.With("loop", "expiry")}

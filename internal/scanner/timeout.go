@@ -20,8 +20,10 @@ type timeoutConfig struct {
 
 // timeoutLoop fails active batches older than the timeout (DB clock), through settle
 // failure (close the MR, re-read, merged wins). A RUNNING batch without an MR is
-// publish's to resume until it is past the timeout; then it fails here too, and
-// settle failure finds any MR a publisher opened meanwhile by its branch.
+// publish's to resume until it is past the timeout; then publish leaves it, and once
+// the last publish reservation has lapsed it fails here too (never under a live one:
+// store.BatchesTimedOut), and settle failure finds any MR a publisher opened by its
+// branch.
 type timeoutLoop struct {
 	s   *Scanner
 	cfg timeoutConfig

@@ -65,3 +65,98 @@ func TestMergedWinsRecordsAnUnrecordedMR(t *testing.T) {
 	e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
 	e.requireClean()
 }
+
+// Found by the chaos run: the timeout sweep settled a batch (FAILED, members requeued)
+// while its publisher, still within its reservation, was between the commit and
+// opening the MR; the publisher then opened the MR of a FAILED batch and died before
+// closing it, and a human merged it — the files of a failed batch on main for good,
+// with nothing in the database saying so. Now the sweep leaves a batch without an MR
+// alone while its publish reservation is live, publish stops renewing the reservation
+// past the timeout, and once it lapses the settle finds the MR by its branch: merged
+// wins, the batch SUCCEEDED with its MR, its operations merged, nothing requeued.
+func TestTimeoutWaitsForALivePublish(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
+	ids := storetest.InsertQueuedOps(t, e.st, repo, 3)
+	bg := context.Background()
+	a := e.scanner("a", nil)
+	res, err := a.RunRound(bg, repo)
+	if err != nil || res.Outcome != store.ClaimClaimed {
+		t.Fatalf("round: %+v %v", res, err)
+	}
+	// a publishes: it stops after the commit (a slow GitLab), then dies right after
+	// opening the MR.
+	ctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	paused, resume := make(chan struct{}), make(chan struct{})
+	a.testHook = func(_ context.Context, step string, _ int64) {
+		switch step {
+		case "publish.commit":
+			close(paused)
+			<-resume
+		case "publish.mr":
+			cancel()
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- a.publish.runOnce(ctx) }()
+	<-paused
+
+	// Past the timeout, but a's reservation is live: the sweep leaves the batch alone.
+	sweeper := e.scanner("t", func(c *Config) { c.BatchTimeout = 10 * time.Millisecond })
+	time.Sleep(20 * time.Millisecond)
+	if err := sweeper.timeout.runOnce(bg); err != nil {
+		t.Fatalf("timeout pass: %v", err)
+	}
+	if b, _ := e.st.BatchGet(bg, res.BatchID); b.Status != store.BatchRunning {
+		t.Fatalf("batch %s (%s) while its publisher held it, want running", b.Status, b.ErrorCode)
+	}
+	close(resume)
+	<-done
+	mrs := e.mrsOf(repo, res.BatchID)
+	if len(mrs) != 1 || mrs[0].State != "opened" {
+		t.Fatalf("MRs of the batch: %+v, want one open", mrs)
+	}
+	if err := e.sim.MergeMR(repo, mrs[0].IID); err != nil {
+		t.Fatal(err)
+	}
+
+	// The reservation lapses; the sweeper's loops (its publish leaves a batch past the
+	// timeout) settle it.
+	b := e.drive(sweeper, res.BatchID, 10*time.Second)
+	if b.Status != store.BatchSucceeded || b.MRIID == nil || *b.MRIID != mrs[0].IID {
+		t.Fatalf("batch %s (%s) MR %v, want succeeded with !%d", b.Status, b.ErrorCode, b.MRIID, mrs[0].IID)
+	}
+	e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+	var batches int
+	if err := e.st.DB().Get(&batches, "SELECT COUNT(*) FROM merge_batch"); err != nil || batches != 1 {
+		t.Fatalf("%d batches (%v), want 1: nothing requeued", batches, err)
+	}
+	e.requireClean()
+}
+
+// Publish leaves a batch without an MR that is past the timeout: renewing its
+// reservation could keep the timeout sweep (which waits for a live publish
+// reservation to lapse) away for good, and race the settle again.
+func TestPublishLeavesATimedOutBatch(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
+	storetest.InsertQueuedOps(t, e.st, repo, 2)
+	s := e.scanner("a", func(c *Config) { c.BatchTimeout = 10 * time.Millisecond })
+	bg := context.Background()
+	res, err := s.RunRound(bg, repo)
+	if err != nil || res.Outcome != store.ClaimClaimed {
+		t.Fatalf("round: %+v %v", res, err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if err := s.publish.runOnce(bg); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := e.sim.Branches(repo)[store.BranchName(res.BatchID)]; ok {
+		t.Fatal("publish took a batch past the timeout: its branch exists")
+	}
+	if err := s.timeout.runOnce(bg); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := e.st.BatchGet(bg, res.BatchID); b.Status != store.BatchFailed || b.ErrorCode != ClassUnavailable {
+		t.Fatalf("batch %s (%s), want failed %s", b.Status, b.ErrorCode, ClassUnavailable)
+	}
+}

@@ -117,8 +117,18 @@ const (
 	// qBatchesTimedOut: active batches older than the timeout. No ORDER BY: with one,
 	// the optimizer walks the whole primary key in id order instead of the small range
 	// of active statuses; the caller sorts the few rows it gets.
+	//
+	// A batch without an MR under a live reservation is left out: its publisher holds
+	// it and may be opening the MR right now. Settling it then (a lookup by branch
+	// finds nothing yet) let the publisher open the MR after the batch had failed; a
+	// publisher dying before it closed that MR left an open orphan, and a human who
+	// merged it put the files of a FAILED batch — whose members had been requeued —
+	// on the target branch for good. Found by the chaos run. Once the reservation
+	// lapses (the publish loop stops renewing it past the timeout), the sweep takes the
+	// batch, and settle failure finds any MR by its branch.
 	qBatchesTimedOut = "SELECT " + batchCols + ` FROM merge_batch
 		WHERE status IN (1, 4) AND created_at < CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+		  AND (mr_iid IS NOT NULL OR next_check_at <= CURRENT_TIMESTAMP(6))
 		LIMIT ?`
 	// qFailedWithMR: recently failed batches with an MR (idx_status_updated). updated_at
 	// bounds the index range: a FAILED batch is not written again except by "merged
@@ -904,7 +914,8 @@ func moveBindings(ctx context.Context, tx *sqlx.Tx, ops []settledOp, grantFrom, 
 	return nil
 }
 
-// BatchesTimedOut returns active batches created more than timeout ago (DB clock).
+// BatchesTimedOut returns active batches created more than timeout ago (DB clock),
+// except those without an MR whose publish reservation is still live.
 func (s *Store) BatchesTimedOut(ctx context.Context, timeout time.Duration, limit int) ([]Batch, error) {
 	if limit <= 0 {
 		limit = 100
