@@ -36,11 +36,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/batcherd/batcherd/internal/harness"
@@ -89,17 +87,9 @@ func main() {
 		os.Exit(2)
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first Ctrl-C stops what was started, in order; a second kills it all at once.
+	ctx, stop := harness.InterruptContext()
 	defer stop()
-	go func() {
-		// A second Ctrl-C while cleaning up: kill everything at once.
-		<-ctx.Done()
-		sig := make(chan os.Signal, 1)
-		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-		<-sig
-		harness.KillAll()
-		os.Exit(130)
-	}()
 	if err := run(ctx, cfg, os.Stdout); err != nil {
 		if ctx.Err() != nil {
 			fmt.Fprintln(os.Stdout, "\ninterrupted; everything the demo started is stopped")

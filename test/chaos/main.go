@@ -39,12 +39,9 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/batcherd/batcherd/internal/harness"
@@ -88,18 +85,9 @@ func main() {
 		os.Exit(2)
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first Ctrl-C stops what was started, in order; a second kills it all at once.
+	ctx, stop := harness.InterruptContext()
 	defer stop()
-	go func() {
-		// A second Ctrl-C while cleaning up: kill every process at once. The private
-		// MariaDB's directory is removed by the next run (CleanStaleMariaDBDirs).
-		<-ctx.Done()
-		sig := make(chan os.Signal, 1)
-		signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-		<-sig
-		harness.KillAll()
-		os.Exit(130)
-	}()
 	sum, err := Run(ctx, cfg, os.Stdout)
 	switch {
 	case ctx.Err() != nil:
