@@ -19,7 +19,8 @@ import (
 // killReplicas kills a random running replica every KillEvery (±50%) — kill -9
 // mostly, now and then a graceful SIGTERM — and restarts it 0.2–2s later; or freezes
 // one (SIGSTOP) for up to FreezeMax and lets it go on (SIGCONT). At least two
-// replicas keep running. A restart that fails (MariaDB is restarting) is retried until
+// replica processes keep running (a frozen one counts: it still holds connections and
+// leases). A restart that fails (MariaDB is restarting) is retried until
 // the replica is up; restarts run on the run's context and outlive the chaos phase
 // (recover waits for them).
 func (r *run) killReplicas(ctx context.Context, restarts *sync.WaitGroup) {
