@@ -445,15 +445,24 @@ func (s *Sim) MRsByBranch(project string) map[string][]MRState {
 func (s *Sim) MR(project string, iid int64) (MRState, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.projectLocked(project)
-	if p == nil {
-		return MRState{}, false
-	}
-	m := p.mr(iid)
-	if m == nil {
+	p, m, err := s.mrLocked(project, iid)
+	if err != nil {
 		return MRState{}, false
 	}
 	return s.mrStateLocked(p, m), true
+}
+
+// mrLocked finds a project's MR by iid; ErrNotFound when either is unknown. s.mu is held.
+func (s *Sim) mrLocked(project string, iid int64) (*project, *mergeRequest, error) {
+	p := s.projectLocked(project)
+	if p == nil {
+		return nil, nil, ErrNotFound
+	}
+	m := p.mr(iid)
+	if m == nil {
+		return nil, nil, ErrNotFound
+	}
+	return p, m, nil
 }
 
 func (p *project) mr(iid int64) *mergeRequest {
@@ -470,13 +479,9 @@ func (p *project) mr(iid int64) *mergeRequest {
 func (s *Sim) MergeMR(project string, iid int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.projectLocked(project)
-	if p == nil {
-		return ErrNotFound
-	}
-	m := p.mr(iid)
-	if m == nil {
-		return ErrNotFound
+	p, m, err := s.mrLocked(project, iid)
+	if err != nil {
+		return err
 	}
 	if m.state != "opened" {
 		return errors.New("gitlabsim: merge request is " + m.state)
@@ -491,13 +496,9 @@ func (s *Sim) MergeMR(project string, iid int64) error {
 func (s *Sim) CloseMR(project string, iid int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.projectLocked(project)
-	if p == nil {
-		return ErrNotFound
-	}
-	m := p.mr(iid)
-	if m == nil {
-		return ErrNotFound
+	p, m, err := s.mrLocked(project, iid)
+	if err != nil {
+		return err
 	}
 	s.closeMR(p, m)
 	return nil
@@ -535,13 +536,9 @@ func (s *Sim) SucceedMRPipeline(project string, iid int64) error {
 func (s *Sim) headPipelineID(project string, iid int64) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := s.projectLocked(project)
-	if p == nil {
-		return 0, ErrNotFound
-	}
-	m := p.mr(iid)
-	if m == nil {
-		return 0, ErrNotFound
+	p, m, err := s.mrLocked(project, iid)
+	if err != nil {
+		return 0, err
 	}
 	pl := s.headPipeline(p, m)
 	if pl == nil {
