@@ -210,7 +210,8 @@ func (r *LatencyRig) Run(ctx context.Context, v ClaimVariant, drain bool, client
 
 // claimForUpdateRR is the claim design the seed rejected, written here only to be
 // measured: the same statements as store.BatchClaim, but the waiting rows are read
-// with FOR UPDATE, under REPEATABLE READ.
+// with FOR UPDATE, under REPEATABLE READ. Its writes follow the store's claim: waiting
+// rows, operations, member rows, one batch event (no per-member audit rows).
 func claimForUpdateRR(ctx context.Context, db *sqlx.DB, repo string, max int) (int64, int, error) {
 	tx, err := db.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
 	if err != nil {
@@ -271,16 +272,9 @@ func claimForUpdateRR(ctx context.Context, db *sqlx.DB, repo string, max int) (i
 			return 0, 0, err
 		}
 	}
-	for lo := 0; lo < len(opIDs); lo += 100 {
-		hi := min(lo+100, len(opIDs))
-		args := make([]any, 0, 5*(hi-lo))
-		for _, id := range opIDs[lo:hi] {
-			args = append(args, fmt.Sprintf("op:%s:batch:%d:claimed", id, batchID), id, batchID, "in_batch", "claimed")
-		}
-		if _, err := tx.ExecContext(ctx, "INSERT IGNORE INTO audit_event (dedupe_key, operation_id, batch_id, code, detail) VALUES "+
-			strings.TrimSuffix(strings.Repeat("(?,?,?,?,?),", hi-lo), ","), args...); err != nil {
-			return 0, 0, err
-		}
+	if _, err := tx.ExecContext(ctx, "INSERT IGNORE INTO audit_event (dedupe_key, batch_id, code, detail) VALUES (?, ?, ?, ?)",
+		fmt.Sprintf("batch:%d:claimed", batchID), batchID, store.EventBatchClaimed, "claimed"); err != nil {
+		return 0, 0, err
 	}
 	if _, err := tx.ExecContext(ctx, "UPDATE merge_batch SET size = ?, source_branch = ? WHERE id = ?",
 		len(rows), store.BranchName(batchID), batchID); err != nil {

@@ -539,11 +539,21 @@ func (s *Store) EventRecord(ctx context.Context, e Event) (bool, error) {
 	return inserted, err
 }
 
+// maxEvents bounds the events OperationEvents returns.
+const maxEvents = 1000
+
 // OperationEvents lists an operation's events, oldest first. ErrNotFound when the
-// operation is unknown. REPEATABLE READ: the existence check and the list come from
+// operation is unknown. REPEATABLE READ: the existence check and both reads come from
 // one snapshot.
+//
+// The events are the operation's audit rows plus one "claimed" event per batch it was
+// claimed into, read from the batch's member history (merge_batch_member): a claim
+// records that fact once, in the member row, instead of a second time as an audit row
+// (the claim is the hottest batch path). A claimed event has ID 0 and the dedupe key an
+// audit row of it would have had; it is placed by time between the audit rows, which
+// keep their own order (by id).
 func (s *Store) OperationEvents(ctx context.Context, operationID string) ([]Event, error) {
-	out := []Event{}
+	var audit, claims []Event
 	err := s.withTx(ctx, sql.LevelRepeatableRead, func(tx *sqlx.Tx) error {
 		var n int
 		if err := tx.GetContext(ctx, &n, `SELECT COUNT(*) FROM operation WHERE operation_id = ?`, operationID); err != nil {
@@ -552,13 +562,40 @@ func (s *Store) OperationEvents(ctx context.Context, operationID string) ([]Even
 		if n == 0 {
 			return ErrNotFound
 		}
-		return tx.SelectContext(ctx, &out, `SELECT id, dedupe_key, operation_id, batch_id, code, detail, created_at
-			FROM audit_event WHERE operation_id = ? ORDER BY id LIMIT 1000`, operationID)
+		if err := tx.SelectContext(ctx, &audit, `SELECT id, dedupe_key, operation_id, batch_id, code, detail, created_at
+			FROM audit_event WHERE operation_id = ? ORDER BY id LIMIT ?`, operationID, maxEvents); err != nil {
+			return err
+		}
+		return tx.SelectContext(ctx, &claims, `SELECT 0 AS id,
+				CONCAT('op:', operation_id, ':batch:', batch_id, ':claimed') AS dedupe_key,
+				operation_id, batch_id, '`+EventMemberClaimed+`' AS code,
+				CONCAT('claimed into batch ', batch_id, ': ', why) AS detail, created_at
+			FROM merge_batch_member WHERE operation_id = ? ORDER BY created_at, batch_id LIMIT ?`, operationID, maxEvents)
 	})
 	if err != nil {
 		return nil, err
 	}
-	return out, nil
+	return mergeEvents(audit, claims, maxEvents), nil
+}
+
+// mergeEvents interleaves claimed events (ordered by time) into audit events (ordered
+// by id): each claimed event goes before the first audit event recorded after it. An
+// audit event at the same instant stays first. At most limit events are returned.
+func mergeEvents(audit, claims []Event, limit int) []Event {
+	out := make([]Event, 0, min(limit, len(audit)+len(claims)))
+	i := 0
+	for _, a := range audit {
+		for i < len(claims) && claims[i].CreatedAt.Before(a.CreatedAt) {
+			out = append(out, claims[i])
+			i++
+		}
+		out = append(out, a)
+	}
+	out = append(out, claims[i:]...)
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out
 }
 
 // OperationCounts returns the number of operations per status (metrics). Every status
