@@ -45,15 +45,24 @@ func (l *claimLoop) runOnce(ctx context.Context) error {
 // error.
 func (l *claimLoop) claimRepo(ctx context.Context, repo string) (store.ClaimResult, error) {
 	log := l.log.With("repo", repo)
-	// Lock-free precheck outside any transaction: most rounds of most repositories
-	// have nothing waiting, and an empty round must not touch the slot.
-	ok, err := l.s.st.WaitingExists(ctx, repo)
+	// Lock-free precheck outside any transaction, one round trip: most rounds of most
+	// repositories have nothing waiting, and an empty round must not touch the slot;
+	// and a round whose slot a committed batch holds is answered at once, instead of
+	// queueing on the slot row behind its holder (a claim or a settlement in flight)
+	// only to be told the same. Neither answer is a decision: the slot's unique key
+	// decides every claim that gets past here (I1).
+	pre, err := l.s.st.BatchClaimPrecheck(ctx, repo)
 	if err != nil {
-		return store.ClaimResult{}, l.s.itemErr("claim", log, "waiting precheck failed", err)
+		return store.ClaimResult{}, l.s.itemErr("claim", log, "claim precheck failed", err)
 	}
-	if !ok {
+	switch {
+	case !pre.Waiting:
 		l.s.m.outcomes.WithLabelValues("claim", string(store.ClaimNothingToClaim)).Inc()
 		return store.ClaimResult{Outcome: store.ClaimNothingToClaim}, nil
+	case pre.Held:
+		l.s.m.outcomes.WithLabelValues("claim", string(store.ClaimSlotOccupied)).Inc()
+		log.Debug("claim round", "outcome", store.ClaimSlotOccupied, "precheck", true)
+		return store.ClaimResult{Outcome: store.ClaimSlotOccupied}, nil
 	}
 	res, err := l.s.st.BatchClaim(ctx, repo, l.cfg.maxBatch)
 	if isLost(err) {

@@ -92,8 +92,11 @@ const memberOpCols = "o.id, o.operation_id, o.subject, o.target, o.repo, o.actio
 // The fixed read queries of the batch side, named so the EXPLAIN test checks exactly
 // the text the store runs (export_test.go). The IN-list writes are built per call.
 const (
-	// qWaitingExists: the claim's lock-free precheck (idx_repo_waiting).
-	qWaitingExists = "SELECT EXISTS (SELECT 1 FROM merge_batch_request WHERE repo = ? AND batch_id IS NULL)"
+	// qClaimPrecheck: the claim's lock-free precheck, one round trip: anything waiting
+	// (idx_repo_waiting), and is the slot held by a committed active batch
+	// (uk_active_slot). A plain read: it never waits for another transaction's locks.
+	qClaimPrecheck = `SELECT EXISTS (SELECT 1 FROM merge_batch_request WHERE repo = ? AND batch_id IS NULL) AS waiting,
+		EXISTS (SELECT 1 FROM merge_batch WHERE active_slot = ?) AS held`
 	// qWaitingRepos: repositories with waiting work (loose scan of idx_repo_waiting).
 	qWaitingRepos = "SELECT DISTINCT repo FROM merge_batch_request WHERE batch_id IS NULL ORDER BY repo LIMIT ?"
 	// qClaimHead: the claim group of the oldest waiting row of a repository
@@ -224,12 +227,23 @@ func (s *Store) Admit(ctx context.Context, operationID, repo string) (bool, erro
 	return err == nil, err
 }
 
-// WaitingExists is the claim's lock-free precheck: is anything waiting in repo?
-// Runs outside any transaction.
-func (s *Store) WaitingExists(ctx context.Context, repo string) (bool, error) {
-	var ok bool
-	err := s.db.GetContext(ctx, &ok, qWaitingExists, repo)
-	return ok, translate(err)
+// ClaimPrecheck is what the claim's precheck saw: is anything waiting in the
+// repository, and does a committed active batch hold its slot.
+type ClaimPrecheck struct {
+	Waiting bool `db:"waiting"`
+	Held    bool `db:"held"`
+}
+
+// BatchClaimPrecheck reads, in one lock-free statement outside any transaction, whether
+// a claim of repo could do anything now. A round with nothing waiting, or whose slot a
+// committed batch holds, is answered from it without a transaction: the claim itself
+// would only queue on the slot row behind its holder to learn the same (1062) answer.
+// It is a hint, never a decision: a slot freed or taken right after it is read is
+// decided by the claim's INSERT on the unique slot (I1) as always.
+func (s *Store) BatchClaimPrecheck(ctx context.Context, repo string) (ClaimPrecheck, error) {
+	var p ClaimPrecheck
+	err := s.db.GetContext(ctx, &p, qClaimPrecheck, repo, repo)
+	return p, translate(err)
 }
 
 // WaitingRepos lists the repositories that have waiting requests, in name order, so the

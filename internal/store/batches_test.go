@@ -109,13 +109,13 @@ func TestClaimLifecycle(t *testing.T) {
 	if n := btCount(t, st, "SELECT COUNT(*) FROM merge_batch"); n != 0 {
 		t.Fatalf("nothing_to_claim left %d batch rows; the slot insert must roll back", n)
 	}
-	if ok, err := st.WaitingExists(ctx, repo); err != nil || ok {
-		t.Fatalf("WaitingExists on an empty set = %v, %v", ok, err)
+	if p, err := st.BatchClaimPrecheck(ctx, repo); err != nil || p.Waiting || p.Held {
+		t.Fatalf("BatchClaimPrecheck on an empty set = %+v, %v", p, err)
 	}
 
 	grants := storetest.InsertQueuedOps(t, st, repo, 5)
-	if ok, err := st.WaitingExists(ctx, repo); err != nil || !ok {
-		t.Fatalf("WaitingExists = %v, %v; want true", ok, err)
+	if p, err := st.BatchClaimPrecheck(ctx, repo); err != nil || !p.Waiting || p.Held {
+		t.Fatalf("BatchClaimPrecheck = %+v, %v; want waiting, slot free", p, err)
 	}
 	if repos, err := st.WaitingRepos(ctx, 10); err != nil || !slices.Equal(repos, []string{repo}) {
 		t.Fatalf("WaitingRepos = %v, %v", repos, err)
@@ -163,8 +163,12 @@ func TestClaimLifecycle(t *testing.T) {
 		t.Fatalf("BatchMembers = %+v, %v", members, err)
 	}
 
-	// The slot is taken while the batch is active, whatever is waiting.
+	// The slot is taken while the batch is active, whatever is waiting; the precheck
+	// sees it without a transaction.
 	btClaim(t, st, repo, 3, store.ClaimSlotOccupied)
+	if p, err := st.BatchClaimPrecheck(ctx, repo); err != nil || !p.Waiting || !p.Held {
+		t.Fatalf("BatchClaimPrecheck with an active batch = %+v, %v; want waiting, slot held", p, err)
+	}
 
 	b, err = st.BatchSettleSucceeded(ctx, b.ID, store.BatchRunning, b.Version)
 	if err != nil {
@@ -175,6 +179,9 @@ func TestClaimLifecycle(t *testing.T) {
 	}
 	btAll(t, "operation", btOpStatus(t, st, grants[:3]), store.OpMerged)
 	btAll(t, "binding", btBindingStatus(t, st, grants[:3]), store.BindingActive)
+	if p, err := st.BatchClaimPrecheck(ctx, repo); err != nil || !p.Waiting || p.Held {
+		t.Fatalf("BatchClaimPrecheck after settling = %+v, %v; want waiting, slot free", p, err)
+	}
 
 	// Next round: the two remaining grants plus two revokes, then a failure.
 	revokes := storetest.InsertOps(t, st, storetest.Ops{Repo: repo, N: 2, Action: store.ActionRevoke, Admit: true})

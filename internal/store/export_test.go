@@ -3,7 +3,7 @@ package store
 // Exposes the batch side's fixed queries to the EXPLAIN test (package store_test), so
 // it plans exactly the text the store runs.
 const (
-	QWaitingExists   = qWaitingExists
+	QClaimPrecheck   = qClaimPrecheck
 	QWaitingRepos    = qWaitingRepos
 	QClaimHead       = qClaimHead
 	QClaimRead       = qClaimRead
