@@ -70,6 +70,7 @@ const (
 	errDupEntry         = 1062
 	errLockDeadlock     = 1213
 	errLockWaitTimeout  = 1205
+	errLockNoWait       = 3572 // MySQL 8: NOWAIT met a lock (MariaDB answers 1205)
 	errRecordChangedRR  = 1020 // innodb_snapshot_isolation (MariaDB 11.6.2+) under REPEATABLE READ
 	errAccessDeniedUser = 1698
 )
