@@ -177,6 +177,13 @@ func throughput(ctx context.Context, r *report) error {
 			order = append(order[k:], order[:k]...)
 			var rawRate float64
 			for _, v := range order {
+				if v == "raw-slap" && !slap {
+					continue
+				}
+				// Every run starts from empty tables (bench.DB.Reset says why).
+				if err := d.Reset(ctx); err != nil {
+					return err
+				}
 				var res bench.Result
 				var err error
 				switch v {
@@ -184,9 +191,6 @@ func throughput(ctx context.Context, r *report) error {
 					res, err = bench.RawInsert(ctx, d, c, r.cfg.dur)
 					rawRate = res.Rate()
 				case "raw-slap":
-					if !slap {
-						continue
-					}
 					est := rawRate
 					if est == 0 {
 						est = 2000 * float64(min(c, 4))

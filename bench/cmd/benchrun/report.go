@@ -206,7 +206,8 @@ func (r *report) throughputSection(w func(string, ...any)) {
 	}
 	w("\n## 1. Admission throughput\n\n")
 	w("Closed loop: each client sends the next request when the previous one was answered, for %s, %d repetitions "+
-		"interleaved (the order rotates), median shown. An admission is an auto-approved grant of a new relation with an "+
+		"interleaved (the order rotates), median shown. Every run starts from empty tables (all of them truncated "+
+		"before it), so no variant writes into what the runs before it left behind. An admission is an auto-approved grant of a new relation with an "+
 		"Idempotency-Key: it writes the key, the operation, the binding, the waiting row and two audit events (6 rows). "+
 		"The raw ceiling writes one `operation` row per autocommit INSERT. Ratios are to the higher of the two raw "+
 		"figures at the same concurrency. CPU columns: CPU time per admission of this process (clients, store, API) and "+
