@@ -96,8 +96,6 @@ const (
 	// qClaimPrecheck: the claim's lock-free precheck, one round trip: anything waiting
 	// (idx_repo_waiting), and is the slot held by a committed active batch
 	// (uk_active_slot). A plain read: it never waits for another transaction's locks.
-	// qSlotHolder: the claim's no-wait look at its repository's slot (uk_active_slot).
-	qSlotHolder = "SELECT id FROM merge_batch WHERE active_slot = ? FOR UPDATE NOWAIT"
 	qClaimPrecheck = `SELECT EXISTS (SELECT 1 FROM merge_batch_request WHERE repo = ? AND batch_id IS NULL) AS waiting,
 		EXISTS (SELECT 1 FROM merge_batch WHERE active_slot = ?) AS held`
 	// qWaitingRepos: repositories with waiting work (loose scan of idx_repo_waiting).
@@ -307,33 +305,12 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 	// takes no gap locks and releases non-matching rows at once. Correctness does not
 	// need a snapshot here: the slot keeps other claimants out, and the guarded UPDATE's
 	// affected-row check catches any row claimed elsewhere (I2).
+	// Probed before the transaction: the probe needs a connection of its own, and the
+	// transaction may hold the pool's last one.
+	noWait := s.slotNoWait(ctx)
 	err := s.withTx(ctx, sql.LevelReadCommitted, func(tx *sqlx.Tx) error {
-		// Is a transaction changing this repository's slot right now (a claim in flight,
-		// or a settlement freeing it)? Ask without waiting: NOWAIT answers at once
-		// instead of queueing behind the holder only to be told 1062 when it commits (a
-		// claim of 1,000 takes tens of milliseconds), or, when that claim rolls back, to
-		// be one of several queued claimants the server answers with 1213. The read
-		// locks only this repository's entries of the slot index, so a claim of another
-		// repository is never mistaken for a holder (the INSERT below may still wait
-		// briefly on such a neighbour's gap lock, and must: its key is not taken). A row
-		// found means a committed batch holds the slot.
-		var held []int64
-		if err := tx.SelectContext(ctx, &held, qSlotHolder, repo); err != nil {
-			if slotAnswer(err) {
-				res.Outcome = ClaimSlotOccupied
-				return errRollback
-			}
-			return err
-		}
-		if len(held) > 0 {
-			res.Outcome = ClaimSlotOccupied
-			return errRollback
-		}
-		r, err := tx.ExecContext(ctx, "INSERT INTO merge_batch (repo, status) VALUES (?, ?)", repo, BatchRunning)
+		batchID, err := takeSlot(ctx, tx, repo, noWait)
 		if err != nil {
-			// 1062: another batch holds the slot. 1213/1205: we queued behind another
-			// claimant that rolled back and the server picked us as the victim. All three
-			// mean "occupied, try next round": answers, not store errors.
 			if slotAnswer(err) {
 				res.Outcome = ClaimSlotOccupied
 				return errRollback
@@ -341,10 +318,6 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 			return err
 		}
 		slotTaken = true
-		batchID, err := r.LastInsertId()
-		if err != nil {
-			return err
-		}
 
 		// The claim takes one group: the group of the oldest waiting row. The ordinary
 		// queue is group ""; a failed batch's retry or bisection halves are their own
@@ -466,7 +439,7 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 		if grp == "" {
 			kind = KindFirstTry
 		}
-		r, err = tx.ExecContext(ctx,
+		r, err := tx.ExecContext(ctx,
 			"UPDATE merge_batch SET size = ?, source_branch = ?, kind = ?, grp = ?, parent_id = ?, depth = ? WHERE id = ?",
 			len(rows), BranchName(batchID), kind, grp, head.ParentID, head.Depth, batchID)
 		if err != nil {
@@ -510,6 +483,102 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 		return ClaimResult{Outcome: ClaimSlotOccupied}, nil
 	}
 	return ClaimResult{}, err
+}
+
+// Taking a repository's slot, without queueing behind a holder.
+//
+// The slot is the repository's entry in merge_batch's unique uk_active_slot; the
+// INSERT of a RUNNING batch takes it. A plain INSERT that meets a holder in flight — a
+// claim not yet committed (a claim of 1,000 takes tens of milliseconds) or a
+// settlement freeing the slot — waits for that transaction on the unique key, only to
+// be told 1062 when it commits, or, when that claim rolls back, to be one of several
+// queued claimants the server answers with 1213. Losing rounds then cost as much as
+// the winner's claim.
+//
+// So the INSERT does not wait for locks (MariaDB: SET STATEMENT
+// innodb_lock_wait_timeout = 0, answered 1205 at once; only the statement rolls back).
+// A lock it meets is not always a holder, though: right after a settlement the old
+// entries of the slot index are delete-marked until purge, and a claim of a
+// neighbouring repository locks the gap next to them, so the INSERT can meet the
+// neighbour's gap lock while the key itself is free. A 1205 is therefore checked with
+// a locking read of this repository's entries only, also without waiting
+// (qSlotHolder): a lock or a row there is a holder (occupied); neither means a
+// neighbour, and the INSERT is repeated with a wait, which is short and must be
+// waited out (the key is not taken).
+//
+// Where the no-wait INSERT is not available (MySQL has no SET STATEMENT and no lock
+// wait timeout below a second), or would not be safe (innodb_rollback_on_timeout=ON
+// rolls back the whole transaction on a 1205, and the next statement would run in
+// autocommit), the no-wait read comes first and the INSERT waits as before.
+const (
+	slotInsertWait   = "INSERT INTO merge_batch (repo, status) VALUES (?, ?)"
+	slotInsertNoWait = "SET STATEMENT innodb_lock_wait_timeout = 0 FOR " + slotInsertWait
+	// qSlotHolder: a holder of repo's slot, committed (a row) or in flight (NOWAIT
+	// answers 1205, or 3572 on MySQL). It locks only repo's entries of uk_active_slot.
+	qSlotHolder = "SELECT id FROM merge_batch WHERE active_slot = ? FOR UPDATE NOWAIT"
+)
+
+// errSlotHeld is takeSlot's answer when a committed batch holds the slot.
+var errSlotHeld = &mysql.MySQLError{Number: errDupEntry, Message: "the repository's slot is held"}
+
+// takeSlot inserts the RUNNING batch that holds repo's slot and returns its id, or an
+// error slotAnswer reads as "occupied". noWait is Store.slotNoWait. See above.
+func takeSlot(ctx context.Context, tx *sqlx.Tx, repo string, noWait bool) (int64, error) {
+	holder := func() error {
+		var held []int64
+		if err := tx.SelectContext(ctx, &held, qSlotHolder, repo); err != nil {
+			return err
+		}
+		if len(held) > 0 {
+			return errSlotHeld
+		}
+		return nil
+	}
+	insert := func(q string) (int64, error) {
+		r, err := tx.ExecContext(ctx, q, repo, BatchRunning)
+		if err != nil {
+			return 0, err
+		}
+		return r.LastInsertId()
+	}
+	if !noWait {
+		if err := holder(); err != nil {
+			return 0, err
+		}
+		return insert(slotInsertWait)
+	}
+	id, err := insert(slotInsertNoWait)
+	var me *mysql.MySQLError
+	if err == nil || !errors.As(err, &me) || me.Number != errLockWaitTimeout {
+		return id, err
+	}
+	if err := holder(); err != nil {
+		return 0, err
+	}
+	return insert(slotInsertWait) // a neighbour's gap lock: wait it out
+}
+
+// slotNoWait reports whether this server takes the no-wait slot INSERT safely,
+// probing once (a connection problem probes again next time).
+func (s *Store) slotNoWait(ctx context.Context) bool {
+	switch s.noWait.Load() {
+	case 1:
+		return true
+	case 2:
+		return false
+	}
+	var rollbackOnTimeout bool
+	err := s.db.GetContext(ctx, &rollbackOnTimeout,
+		"SET STATEMENT innodb_lock_wait_timeout = 0 FOR SELECT @@innodb_rollback_on_timeout")
+	var me *mysql.MySQLError
+	switch {
+	case err == nil && !rollbackOnTimeout:
+		s.noWait.Store(1)
+		return true
+	case err == nil, errors.As(err, &me):
+		s.noWait.Store(2) // rolls back whole transactions on a timeout, or not MariaDB
+	}
+	return false
 }
 
 // slotAnswer reports whether err is the server telling a claimant that the slot is

@@ -454,7 +454,20 @@ func TestI1OneActiveBatchPerRepo(t *testing.T) {
 
 // I1 is per repository: two repositories claiming at the same instant both get a batch.
 func TestI1TwoReposInParallel(t *testing.T) {
+	// Both ways of taking the slot: a no-wait INSERT that meets a neighbouring
+	// repository's gap lock (old slot entries are delete-marked until purge) must not
+	// mistake it for a holder of its own slot.
+	for _, noWait := range []bool{true, false} {
+		t.Run(fmt.Sprintf("nowait=%v", noWait), func(t *testing.T) { testI1TwoReposInParallel(t, noWait) })
+	}
+}
+
+func testI1TwoReposInParallel(t *testing.T, noWait bool) {
 	st, _ := storetest.New(t)
+	if noWait && !st.SlotNoWait() {
+		t.Skip("this server does not take the no-wait slot INSERT")
+	}
+	st.SetSlotNoWait(noWait)
 	repos := []string{"group/a", "group/b"}
 	for _, r := range repos {
 		storetest.InsertQueuedOps(t, st, r, 30)
@@ -492,6 +505,12 @@ func TestI1TwoReposInParallel(t *testing.T) {
 // 1213s). No error escapes, nothing is claimed twice, and once the holder has rolled
 // back (preempted) the next claim takes the slot.
 func TestSlotClaimInFlightIsAnsweredAtOnce(t *testing.T) {
+	for _, noWait := range []bool{true, false} {
+		t.Run(fmt.Sprintf("nowait=%v", noWait), func(t *testing.T) { testSlotClaimInFlight(t, noWait) })
+	}
+}
+
+func testSlotClaimInFlight(t *testing.T, noWait bool) {
 	holder, dsn := storetest.New(t)
 	ctx := context.Background()
 	others, err := store.Open(ctx, dsn, store.Options{MaxOpenConns: 8})
@@ -499,6 +518,10 @@ func TestSlotClaimInFlightIsAnsweredAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer others.Close()
+	if noWait && !others.SlotNoWait() {
+		t.Skip("this server does not take the no-wait slot INSERT")
+	}
+	others.SetSlotNoWait(noWait)
 	const repo = "group/slot-race"
 	const n = 3
 
@@ -1062,5 +1085,24 @@ func TestLargeBatchCrossesChunks(t *testing.T) {
 	}
 	if n := btCount(t, st, "SELECT COUNT(*) FROM audit_event WHERE batch_id = ? AND code = ?", res.BatchID, store.EventMemberMerged); n != 1201 {
 		t.Fatalf("%d member merge events, want 1201", n)
+	}
+}
+
+// A claim works on a pool of one connection, including the first one, which probes the
+// server for the no-wait slot INSERT: the probe must not need a second connection
+// while the claim's transaction holds the only one (it did once, and the claim hung).
+func TestClaimOnPoolOfOne(t *testing.T) {
+	_, dsn := storetest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := store.Open(ctx, dsn, store.Options{MaxOpenConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	storetest.InsertQueuedOps(t, st, "group/one-conn", 3)
+	res, err := st.BatchClaim(ctx, "group/one-conn", 10)
+	if err != nil || res.Outcome != store.ClaimClaimed || len(res.OperationIDs) != 3 {
+		t.Fatalf("first claim on a pool of one = %+v, %v; want 3 claimed", res, err)
 	}
 }

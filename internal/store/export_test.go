@@ -1,5 +1,7 @@
 package store
 
+import "context"
+
 // Exposes the batch side's fixed queries to the EXPLAIN test (package store_test), so
 // it plans exactly the text the store runs.
 const (
@@ -16,3 +18,16 @@ const (
 	QWaitingStats    = qWaitingStats
 	QCleanupWaiting  = qCleanupWaiting
 )
+
+// SlotNoWait reports whether claims take the slot with the no-wait INSERT (probing the
+// server if not yet done); SetSlotNoWait forces either way, so the tests prove both the
+// MariaDB path and the one servers without it take.
+func (s *Store) SlotNoWait() bool { return s.slotNoWait(context.Background()) }
+
+func (s *Store) SetSlotNoWait(on bool) {
+	if on {
+		s.noWait.Store(1)
+	} else {
+		s.noWait.Store(2)
+	}
+}

@@ -25,6 +25,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -96,6 +97,10 @@ type Options struct {
 // Store is the handle every component shares. It is safe for concurrent use.
 type Store struct {
 	db *sqlx.DB
+
+	// noWait: whether the claim's slot INSERT may refuse to wait for locks (0 not
+	// probed yet, 1 yes, 2 no; batches.go, takeSlot).
+	noWait atomic.Int32
 
 	// Hooks lets tests stop a transaction at a chosen point (I2, I3 proofs). Nil in production.
 	Hooks *Hooks
