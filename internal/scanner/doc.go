@@ -44,12 +44,15 @@
 // with jitter on errors, and sleeps that a context cancel (or Kick) interrupts.
 //
 //   - claim (claim.go): on a cron schedule and on RunRound (the admin API), same code:
-//     lock-free precheck, then one store transaction per repository with waiting work.
+//     one lock-free precheck (anything waiting? slot held?), then one store transaction
+//     per repository that may claim; a claim in flight elsewhere answers slot_occupied
+//     at once instead of being waited for.
 //   - publish (publish.go): a RUNNING batch without an MR gets its branch
 //     batcherd/batch-<id>, one commit, the MR; the MR is recorded with a guarded write
 //     BEFORE any merge is armed (fencing), then the merge mode is applied. Every step
 //     is idempotent by the deterministic branch, so any replica resumes a half-done
-//     publish without a second MR.
+//     publish without a second MR: after the publish lease when the publisher died,
+//     after a short backoff when a step met a transient GitLab error.
 //   - reconcile (reconcile.go): reads the MR of each due active batch: merged → settle
 //     success; closed → settle failure; failed pipeline/conflict → BLOCKED; recovered →
 //     RUNNING; direct mode merges once the pipeline succeeded.

@@ -65,9 +65,41 @@ func (l *publishLoop) runOnce(ctx context.Context) error {
 			return l.s.itemErr("publish", log, "reserve failed", err)
 		}
 		l.s.step(ctx, "publish.reserved", b.ID)
-		return l.s.itemErr("publish", log, "publish failed", l.publish(ctx, rb, log))
+		err = l.publish(ctx, rb, log)
+		if err != nil && mr.ClassOf(err) == mr.ClassTransient && !isCanceled(err) {
+			l.retrySoon(ctx, rb, err, log)
+		}
+		return l.s.itemErr("publish", log, "publish failed", err)
 	})
 	return passResult(started, failed)
+}
+
+// publishRetry is how long a batch whose publish met a transient GitLab error (a 5xx,
+// a 429, a timeout, a dropped connection) waits before the next attempt, unless
+// GitLab asked for longer with Retry-After.
+const publishRetry = 2 * time.Second
+
+// retrySoon shortens the reservation of a batch whose publish failed transiently, so
+// any replica tries again after publishRetry rather than after the whole publish lease
+// (one 502 used to park a batch for 30 s, and two in a row could run it into the
+// batch timeout). The write is guarded on the version this publisher reserved; if it
+// loses, the batch moved on and there is nothing to shorten. A permanent error keeps
+// the full lease: trying again at once would only meet it again.
+func (l *publishLoop) retrySoon(ctx context.Context, b store.Batch, cause error, log *slog.Logger) {
+	wait := publishRetry
+	var ge *mr.Error
+	if errors.As(cause, &ge) && ge.RetryAfter > wait {
+		wait = ge.RetryAfter
+	}
+	if wait >= l.cfg.lease {
+		return
+	}
+	if _, err := l.s.st.BatchReserve(ctx, b.ID, b.Version, wait); err != nil {
+		log.Debug("could not shorten the publish reservation; the lease stands", "err", err)
+		return
+	}
+	l.s.m.outcomes.WithLabelValues("publish", "retry_soon").Inc()
+	log.Debug("publish will be retried soon", "after", wait)
 }
 
 // publish runs the publish steps for a reserved batch b.
