@@ -35,6 +35,7 @@ func TestCrashAtEveryPublishStep(t *testing.T) {
 		"publish.found",
 		"publish.branch",
 		"publish.commit",
+		"publish.renewed",
 		"publish.mr",
 		"publish.recorded",
 		"publish.armed",
@@ -273,11 +274,13 @@ func TestHumanMergeWhileTimeoutCloses(t *testing.T) {
 }
 
 // TestStalePublisherIsFenced: a publisher stalls (GC pause, network) while an operator
-// settles its batch as failed; when it wakes up its guarded MR write loses and it
-// closes the MR it made. The MR never merges behind a FAILED batch, although the
-// pipeline succeeds at once and auto-merge would merge it immediately.
+// settles its batch as failed. Stalled before the MR exists, it wakes up to a
+// reservation renewal that loses, and opens no MR at all; stalled after, its guarded
+// MR write loses and it closes the MR it made. The MR never merges behind a FAILED
+// batch, although the pipeline succeeds at once and auto-merge would merge it
+// immediately.
 func TestStalePublisherIsFenced(t *testing.T) {
-	for _, step := range []string{"publish.branch", "publish.commit", "publish.mr"} {
+	for _, step := range []string{"publish.branch", "publish.commit", "publish.renewed", "publish.mr"} {
 		t.Run(step, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, gitlabsim.Options{}, repo) // pipelines succeed as created
@@ -317,6 +320,8 @@ func TestStalePublisherIsFenced(t *testing.T) {
 			}
 			if n := len(e.mrsOf(repo, res.BatchID)); n > 1 {
 				t.Errorf("%d MRs for one branch", n)
+			} else if opened := step == "publish.renewed" || step == "publish.mr"; !opened && n != 0 {
+				t.Errorf("an MR was opened for batch %d after it had failed, by a publisher stalled at %s", res.BatchID, step)
 			}
 			e.requireFiles(repo, e.requireOps(ids, store.OpFailed), false)
 		})

@@ -65,9 +65,9 @@ func (l *publishLoop) runOnce(ctx context.Context) error {
 			return l.s.itemErr("publish", log, "reserve failed", err)
 		}
 		l.s.step(ctx, "publish.reserved", b.ID)
-		err = l.publish(ctx, rb, log)
+		cur, err := l.publish(ctx, rb, log)
 		if err != nil && mr.ClassOf(err) == mr.ClassTransient && !isCanceled(err) {
-			l.retrySoon(ctx, rb, err, log)
+			l.retrySoon(ctx, cur, err, log)
 		}
 		return l.s.itemErr("publish", log, "publish failed", err)
 	})
@@ -102,8 +102,15 @@ func (l *publishLoop) retrySoon(ctx context.Context, b store.Batch, cause error,
 	log.Debug("publish will be retried soon", "after", wait)
 }
 
-// publish runs the publish steps for a reserved batch b.
-func (l *publishLoop) publish(ctx context.Context, b store.Batch, log *slog.Logger) error {
+// publish runs the publish steps for a reserved batch b. It returns the batch as this
+// publisher last reserved it (its reservation is renewed before the MR is opened).
+func (l *publishLoop) publish(ctx context.Context, b store.Batch, log *slog.Logger) (store.Batch, error) {
+	err := l.publishSteps(ctx, &b, log)
+	return b, err
+}
+
+func (l *publishLoop) publishSteps(ctx context.Context, bp *store.Batch, log *slog.Logger) error {
+	b := *bp
 	branch := store.BranchName(b.ID)
 	// The batch's MR is the branch's MR in any state: a merged or closed one found here
 	// (a crash after EnsureMR, then a human acted) is recorded as is, and reconcile
@@ -143,6 +150,25 @@ func (l *publishLoop) publish(ctx context.Context, b store.Batch, log *slog.Logg
 			return err
 		}
 		l.s.step(ctx, "publish.commit", b.ID)
+		// Renew the reservation right before the MR exists, with a write guarded on the
+		// version reserved. The branch and commit may have taken long (retries, a slow
+		// GitLab, a frozen process); if the batch moved on meanwhile — the timeout sweep
+		// failed it once the reservation lapsed, and its members may be waiting for
+		// another round — no MR must be opened for it: an MR of a failed batch that a
+		// human merges puts its files on the target branch after all. The renewal leaves
+		// only the EnsureMR call itself inside a fresh lease; the orphan sweep closes
+		// what a publisher frozen even there still opens.
+		rb, err := l.s.st.BatchReserve(ctx, b.ID, b.Version, l.cfg.lease)
+		if isLost(err) {
+			l.s.m.outcomes.WithLabelValues("publish", "lost_race").Inc()
+			log.Info("the batch moved on while it was being published; not opening its MR")
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		b, *bp = rb, rb
+		l.s.step(ctx, "publish.renewed", b.ID)
 		m, err = l.s.gl.EnsureMR(ctx, b.Repo, mr.MRSpec{
 			SourceBranch: branch,
 			TargetBranch: l.cfg.target,
