@@ -368,6 +368,7 @@ func commitUnknown(acc []accepted, err error) {
 // groupPlain runs the group as a database/sql transaction, one statement per write:
 // BEGIN, the read, one multi-row statement per table, COMMIT. It works on every server.
 func (s *Store) groupPlain(ctx context.Context, a *admitter, work []*admitReq) {
+	step := s.autoincStepOf(ctx, a)
 	tx, err := s.db.BeginTxx(ctx, &sql.TxOptions{Isolation: opIso})
 	if err != nil {
 		a.fallback(work, true)
@@ -415,7 +416,7 @@ func (s *Store) groupPlain(ctx context.Context, a *admitter, work []*admitReq) {
 			opRes = res
 		}
 	}
-	ids, err := s.insertedIDs(ctx, a, tx, opRes, acc)
+	ids, err := insertedIDs(ctx, step, tx, opRes, acc)
 	if err != nil {
 		a.fallback(acceptedReqs(acc), true)
 		return
@@ -711,14 +712,13 @@ func buildAdmitWrites(now time.Time, acc []accepted) (stmts []admitStmt, opStmt 
 	return stmts, opStmt
 }
 
-// insertedIDs returns the primary keys of the operations one multi-row INSERT wrote,
-// in row order. With InnoDB's "consecutive" or "traditional" auto-increment lock mode
-// a multi-row INSERT of known size gets consecutive values (LAST_INSERT_ID is the
-// first, each next one auto_increment_increment further); otherwise they are read back.
-func (s *Store) insertedIDs(ctx context.Context, a *admitter, tx *sqlx.Tx, res sql.Result, acc []accepted) ([]int64, error) {
-	if res == nil {
-		return nil, errors.New("store: no operation INSERT result")
-	}
+// autoincStepOf returns how the ids of a multi-row INSERT follow each other on this
+// server: with InnoDB's "consecutive" or "traditional" auto-increment lock mode a
+// multi-row INSERT of known size gets consecutive values (LAST_INSERT_ID is the first,
+// each next one auto_increment_increment further), and the step is returned; 0 means
+// the ids must be read back. Read once per Store, on a connection of its own: call it
+// before taking the group's connection, which may be the pool's last one.
+func (s *Store) autoincStepOf(ctx context.Context, a *admitter) int64 {
 	a.autoincOnce.Do(func() {
 		var row struct {
 			Step int64 `db:"step"`
@@ -729,8 +729,17 @@ func (s *Store) insertedIDs(ctx context.Context, a *admitter, tx *sqlx.Tx, res s
 			a.autoincStep = row.Step
 		}
 	})
+	return a.autoincStep
+}
+
+// insertedIDs returns the primary keys of the operations one multi-row INSERT wrote,
+// in row order: computed when step > 0 (autoincStepOf), read back otherwise.
+func insertedIDs(ctx context.Context, step int64, tx *sqlx.Tx, res sql.Result, acc []accepted) ([]int64, error) {
+	if res == nil {
+		return nil, errors.New("store: no operation INSERT result")
+	}
 	ids := make([]int64, len(acc))
-	if step := a.autoincStep; step > 0 {
+	if step > 0 {
 		first, err := res.LastInsertId()
 		if err != nil {
 			return nil, err

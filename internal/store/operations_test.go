@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"testing"
@@ -1135,4 +1136,38 @@ func TestAdmissionNeverWaitsForOpenClaim(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Admission works on a pool of one connection, the first group included: what a group
+// probes once per Store (compound statements, auto-increment step) must not need a
+// second connection while the group holds the only one.
+func TestAdmissionOnPoolOfOne(t *testing.T) {
+	statementModes(t, func(t *testing.T, plain bool) {
+		_, dsn := storetest.New(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		st, err := store.Open(ctx, dsn, store.Options{MaxOpenConns: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		st.SetAdmitOptions(store.AdmitOptions{PlainStatements: plain})
+		var wg sync.WaitGroup
+		errs := make([]error, 8)
+		for i := range errs {
+			wg.Go(func() {
+				_, created, err := st.OperationCreate(ctx, grant(fmt.Sprintf("one-conn-%d", i), "db/x"))
+				if err == nil && !created {
+					err = errors.New("not created")
+				}
+				errs[i] = err
+			})
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("admission %d on a pool of one: %v", i, err)
+			}
+		}
+	})
 }
