@@ -30,6 +30,7 @@ build: ## build binaries into ./bin
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/ ./cmd/...
 
 bench: db build ## measure admission, claims, settlement, contention and an end-to-end run against the database's own limits; writes BENCHMARKS.md (under 15 minutes)
+	@scripts/bench-tools.sh
 	$(GO) run ./bench/cmd/benchrun -out BENCHMARKS.md -bin $(BIN)
 
 demo: db build ## the quickstart: fresh database, GitLab simulator, 3 replicas as processes, ~300 operations, one replica killed (about a minute)

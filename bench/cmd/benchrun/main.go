@@ -43,6 +43,7 @@ type config struct {
 	claimReps, batchReps  int
 	claimBatchWaiting     int
 	contentionAdmitPerSec int
+	anatomyOps            int
 }
 
 func main() {
@@ -59,7 +60,7 @@ func main() {
 	flag.IntVar(&c.e2eOps, "e2e-ops", 10000, "operations of the end-to-end run")
 	flag.IntVar(&c.baselineOps, "baseline-ops", 40, "operations of the one-MR-per-operation baseline (extrapolated to -e2e-ops)")
 	flag.DurationVar(&c.e2eTimeout, "e2e-timeout", 4*time.Minute, "give up waiting for merges after this")
-	flag.StringVar(&skip, "skip", "", "comma-separated sections to skip: throughput,latency,claim,settle,contention,e2e,profile")
+	flag.StringVar(&skip, "skip", "", "comma-separated sections to skip: throughput,anatomy,latency,claim,settle,contention,e2e,profile")
 	flag.Parse()
 	c.clients = []int{1, 8, 32}
 	c.latPreload = 60000
@@ -67,6 +68,7 @@ func main() {
 	c.settleSizes = []int{1000, 5000}
 	c.claimReps, c.batchReps, c.claimBatchWaiting = 5, 3, 100000
 	c.contentionAdmitPerSec = 200
+	c.anatomyOps = 1500
 	for _, s := range strings.Split(sizes, ",") {
 		var n int
 		if _, err := fmt.Sscan(strings.TrimSpace(s), &n); err == nil && n > 0 {
@@ -141,6 +143,7 @@ func run(ctx context.Context, r *report) error {
 	logf("machine: %d CPUs, %s, %s, load %s", r.machine.CPUs, r.machine.MemTotal, r.machine.Server, r.machine.LoadAvg)
 
 	r.section(ctx, "throughput", func() error { return throughput(ctx, r) })
+	r.section(ctx, "anatomy", func() error { return anatomy(ctx, r) })
 	r.section(ctx, "profile", func() error { return profile(ctx, r) })
 	r.section(ctx, "latency", func() error { return latency(ctx, r) })
 	r.section(ctx, "claim", func() error { return claims(ctx, r) })
@@ -152,7 +155,7 @@ func run(ctx context.Context, r *report) error {
 
 // --- 1. admission throughput ---
 
-var variants = []string{"raw-go", "raw-slap", "store-serial", "store-single", "store-grouped", "api-serial", "api-grouped"}
+var variants = []string{"raw-go", "raw-slap", "store-serial", "store-single", "store-grouped", "api-serial", "api-grouped", "api-wrk"}
 
 func throughput(ctx context.Context, r *report) error {
 	d, err := bench.NewDB(ctx, "throughput")
@@ -166,7 +169,10 @@ func throughput(ctx context.Context, r *report) error {
 		return err
 	}
 	defer st.Close()
-	slap := bench.SlapAvailable()
+	slap, wrk := bench.SlapAvailable(), bench.WrkAvailable()
+	if !wrk {
+		logf("  wrk is not installed (apt-get install wrk): the API is measured with the in-process Go client only")
+	}
 	r.tp = map[int]map[string][]bench.Result{}
 	for _, c := range r.cfg.clients {
 		r.tp[c] = map[string][]bench.Result{}
@@ -177,7 +183,7 @@ func throughput(ctx context.Context, r *report) error {
 			order = append(order[k:], order[:k]...)
 			var rawRate float64
 			for _, v := range order {
-				if v == "raw-slap" && !slap {
+				if (v == "raw-slap" && !slap) || (v == "api-wrk" && !wrk) {
 					continue
 				}
 				// Every run starts from empty tables (bench.DB.Reset says why).
@@ -208,6 +214,8 @@ func throughput(ctx context.Context, r *report) error {
 					res, err = bench.APIAdmission(ctx, st, store.AdmitSerial, c, r.cfg.dur)
 				case "api-grouped":
 					res, err = bench.APIAdmission(ctx, st, store.AdmitGrouped, c, r.cfg.dur)
+				case "api-wrk":
+					res, err = bench.APIAdmissionWrk(ctx, st, c, r.cfg.dur)
 				}
 				if err != nil {
 					return fmt.Errorf("%s at %d clients: %w", v, c, err)
@@ -220,6 +228,27 @@ func throughput(ctx context.Context, r *report) error {
 	st.SetAdmitOptions(store.AdmitOptions{})
 	r.admitStats = st.AdmitStats()
 	return nil
+}
+
+// --- 1b. anatomy of one admission ---
+
+func anatomy(ctx context.Context, r *report) error {
+	d, err := bench.NewDB(ctx, "anatomy")
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	st, err := d.Open(ctx, 20)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	steps, err := bench.AdmissionAnatomy(ctx, d, st, r.cfg.anatomyOps, 3)
+	for _, s := range steps {
+		logf("  %-90s %s µs", s.Name, usf(float64(s.PerOp)))
+	}
+	r.anatomy = steps
+	return err
 }
 
 // --- 7. profile ---
