@@ -83,7 +83,7 @@ func APIAdmissionWrk(ctx context.Context, st *store.Store, clients int, dur time
 	before1 := st.AdmitStats()
 	self0, srv0 := cpuClock().Now()
 	out, err := exec.CommandContext(ctx, "wrk", "-t", strconv.Itoa(threads), "-c", strconv.Itoa(clients),
-		"-d", fmt.Sprintf("%dms", dur.Milliseconds()), "-s", f.Name(), srv.URL, "--", run).CombinedOutput()
+		"-d", fmt.Sprintf("%ds", max(1, int(dur.Round(time.Second).Seconds()))), "-s", f.Name(), srv.URL, "--", run).CombinedOutput()
 	self1, srv1 := cpuClock().Now()
 	if err != nil {
 		return Result{}, fmt.Errorf("wrk: %v: %s", err, out)
