@@ -157,18 +157,28 @@ func run(ctx context.Context, r *report) error {
 
 var variants = []string{"raw-go", "raw-slap", "store-serial", "store-single", "store-grouped", "api-serial", "api-grouped", "api-wrk"}
 
-func throughput(ctx context.Context, r *report) error {
-	d, err := bench.NewDB(ctx, "throughput")
+// withStore runs fn on a fresh database and a store on it as a replica runs it: a pool
+// of 20 (the BATCHERD_MYSQL_MAX_CONNS default). Both are closed (and the database
+// dropped) afterwards.
+func withStore(ctx context.Context, what string, fn func(d *bench.DB, st *store.Store) error) error {
+	d, err := bench.NewDB(ctx, what)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	// The store as a replica runs it: a pool of 20 (BATCHERD_MYSQL_MAX_CONNS default).
 	st, err := d.Open(ctx, 20)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	return fn(d, st)
+}
+
+func throughput(ctx context.Context, r *report) error {
+	return withStore(ctx, "throughput", func(d *bench.DB, st *store.Store) error { return throughputOn(ctx, r, d, st) })
+}
+
+func throughputOn(ctx context.Context, r *report, d *bench.DB, st *store.Store) error {
 	slap, wrk := bench.SlapAvailable(), bench.WrkAvailable()
 	if !wrk {
 		logf("  wrk is not installed (apt-get install wrk): the API is measured with the in-process Go client only")
@@ -233,37 +243,23 @@ func throughput(ctx context.Context, r *report) error {
 // --- 1b. anatomy of one admission ---
 
 func anatomy(ctx context.Context, r *report) error {
-	d, err := bench.NewDB(ctx, "anatomy")
-	if err != nil {
+	return withStore(ctx, "anatomy", func(d *bench.DB, st *store.Store) error {
+		steps, err := bench.AdmissionAnatomy(ctx, d, st, r.cfg.anatomyOps, 3)
+		for _, s := range steps {
+			logf("  %-90s %s µs", s.Name, usf(float64(s.PerOp)))
+		}
+		r.anatomy = steps
 		return err
-	}
-	defer d.Close()
-	st, err := d.Open(ctx, 20)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	steps, err := bench.AdmissionAnatomy(ctx, d, st, r.cfg.anatomyOps, 3)
-	for _, s := range steps {
-		logf("  %-90s %s µs", s.Name, usf(float64(s.PerOp)))
-	}
-	r.anatomy = steps
-	return err
+	})
 }
 
 // --- 7. profile ---
 
 func profile(ctx context.Context, r *report) error {
-	d, err := bench.NewDB(ctx, "profile")
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	st, err := d.Open(ctx, 20)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
+	return withStore(ctx, "profile", func(_ *bench.DB, st *store.Store) error { return profileOn(ctx, r, st) })
+}
+
+func profileOn(ctx context.Context, r *report, st *store.Store) error {
 	for _, m := range []store.AdmitMode{store.AdmitSerial, store.AdmitGrouped} {
 		f, err := os.CreateTemp("", "batcherd-admission-*.pprof")
 		if err != nil {
