@@ -692,6 +692,10 @@ func TestBadInput(t *testing.T) {
 		{"missing target", req{body: `{"subject":"ivan","action":"grant"}`}, 400, "invalid_request"},
 		{"target dot-dot", req{body: `{"subject":"ivan","target":"..","action":"grant"}`}, 400, "invalid_request"},
 		{"target too long", req{body: `{"subject":"ivan","target":"` + strings.Repeat("t", 256) + `","action":"grant"}`}, 400, "invalid_request"},
+		// 255 characters, but not 255 bytes once URL-escaped into bindings/<target>/<subject>.yaml.
+		{"subject file name too long", req{body: `{"subject":"` + strings.Repeat("s", 251) + `","target":"t","action":"grant"}`}, 400, "invalid_request"},
+		{"subject escapes too long", req{body: `{"subject":"` + strings.Repeat("é", 50) + `","target":"t","action":"grant"}`}, 400, "invalid_request"},
+		{"target escapes too long", req{body: `{"subject":"ivan","target":"x` + strings.Repeat(" ", 100) + `x","action":"grant"}`}, 400, "invalid_request"},
 		{"missing action", req{body: `{"subject":"ivan","target":"t"}`}, 400, "invalid_request"},
 		{"unknown action", req{body: `{"subject":"ivan","target":"t","action":"delete"}`}, 400, "invalid_request"},
 		{"unconfigured repo", req{body: ok(`,"repo":"evil/repo"`)}, 400, "invalid_request"},
@@ -778,5 +782,31 @@ func TestBodyLimitConfigurable(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != 413 {
 		t.Fatalf("chunked body over the limit: %d", res.StatusCode)
+	}
+}
+
+// The binding file's path segments must fit 255 bytes once URL-escaped; the limit is on
+// bytes after escaping, not on characters, and a name exactly at it is accepted.
+func TestValidPathSegments(t *testing.T) {
+	cases := []struct {
+		subject, target string
+		wantErr         string // "" = accepted
+	}{
+		{strings.Repeat("s", 250), "t", ""},                    // 250 + ".yaml" = 255
+		{strings.Repeat("s", 251), "t", "subject is too long"}, // 256
+		{strings.Repeat("é", 21), "t", ""},                     // "é" escapes to "%C3%A9": 21 × 6 + 5 = 131
+		{strings.Repeat("é", 50), "t", "subject is too long"},  // 50 × 6 + 5 = 305
+		{"s", strings.Repeat("t", 255), ""},
+		{"s", "a" + strings.Repeat(" ", 85) + "b", "target is too long"}, // 2 + 85 × 3 = 257
+		{"s", "a" + strings.Repeat(" ", 84) + "b", ""},                   // 254
+	}
+	for _, c := range cases {
+		err := validPathSegments(c.subject, c.target)
+		switch {
+		case c.wantErr == "" && err != nil:
+			t.Errorf("%d-byte subject, %d-byte target refused: %v", len(c.subject), len(c.target), err)
+		case c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr)):
+			t.Errorf("%d-byte subject, %d-byte target: err %v, want %q", len(c.subject), len(c.target), err, c.wantErr)
+		}
 	}
 }

@@ -72,6 +72,9 @@ func (s *Server) validateCreate(req createRequest) (store.OperationCreateParams,
 	if p.Target, err = validName("target", req.Target); err != nil {
 		return p, err
 	}
+	if err := validPathSegments(p.Subject, p.Target); err != nil {
+		return p, err
+	}
 	if req.Action == nil {
 		return p, badRequest("action is required: grant or revoke")
 	}

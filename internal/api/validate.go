@@ -9,6 +9,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/store"
 )
 
@@ -62,6 +63,23 @@ func validName(field string, p *string) (string, error) {
 		return "", badRequest("%s must not start or end with white space", field)
 	}
 	return v, nil
+}
+
+// validPathSegments refuses a subject or target whose binding file cannot be checked
+// out: bindings/<target>/<subject>.yaml is written URL-escaped, and each segment must fit
+// a file system's name limit. Refused here, at admission, rather than by the pipeline
+// of the batch it would join (which would fail every member until bisection isolated it).
+func validPathSegments(subject, target string) error {
+	dir, file := mr.BindingPathSegments(subject, target)
+	if len(dir) > mr.MaxPathSegmentBytes {
+		return badRequest("target is too long for a directory name: it takes %d bytes once URL-escaped in bindings/<target>/, "+
+			"and file systems take at most %d (non-ASCII characters take 6 to 12 bytes each): shorten it", len(dir), mr.MaxPathSegmentBytes)
+	}
+	if len(file) > mr.MaxPathSegmentBytes {
+		return badRequest("subject is too long for a file name: it takes %d bytes once URL-escaped as <subject>.yaml, "+
+			"and file systems take at most %d (non-ASCII characters take 6 to 12 bytes each): shorten it", len(file), mr.MaxPathSegmentBytes)
+	}
+	return nil
 }
 
 // validIdemKey enforces the Idempotency-Key header: 1–128 visible ASCII characters.
