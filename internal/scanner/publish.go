@@ -65,9 +65,9 @@ func (l *publishLoop) runOnce(ctx context.Context) error {
 			return l.s.itemErr("publish", log, "reserve failed", err)
 		}
 		l.s.step(ctx, "publish.reserved", b.ID)
-		cur, err := l.publish(ctx, rb, log)
+		err = l.publish(ctx, &rb, log)
 		if err != nil && mr.ClassOf(err) == mr.ClassTransient && !isCanceled(err) {
-			l.retrySoon(ctx, cur, err, log)
+			l.retrySoon(ctx, rb, err, log)
 		}
 		return l.s.itemErr("publish", log, "publish failed", err)
 	})
@@ -102,14 +102,10 @@ func (l *publishLoop) retrySoon(ctx context.Context, b store.Batch, cause error,
 	log.Debug("publish will be retried soon", "after", wait)
 }
 
-// publish runs the publish steps for a reserved batch b. It returns the batch as this
-// publisher last reserved it (its reservation is renewed before the MR is opened).
-func (l *publishLoop) publish(ctx context.Context, b store.Batch, log *slog.Logger) (store.Batch, error) {
-	err := l.publishSteps(ctx, &b, log)
-	return b, err
-}
-
-func (l *publishLoop) publishSteps(ctx context.Context, bp *store.Batch, log *slog.Logger) error {
+// publish runs the publish steps for the reserved batch *bp, and leaves in *bp the
+// batch as this publisher last reserved it (the reservation is renewed before the MR
+// is opened), so the caller's retrySoon writes against the current version.
+func (l *publishLoop) publish(ctx context.Context, bp *store.Batch, log *slog.Logger) error {
 	b := *bp
 	branch := store.BranchName(b.ID)
 	// The batch's MR is the branch's MR in any state: a merged or closed one found here

@@ -298,6 +298,9 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 	}
 	var res ClaimResult
 	slotTaken := false
+	// Probed before the transaction: the probe needs a connection of its own, and the
+	// transaction may hold the pool's last one.
+	noWait := s.slotNoWait(ctx)
 	// READ COMMITTED, not the server's REPEATABLE READ: when the claim takes every waiting
 	// row the optimizer may scan the whole index for the guarded UPDATE, and under
 	// REPEATABLE READ that leaves next-key locks on the waiting range and the gap at its
@@ -305,9 +308,6 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 	// takes no gap locks and releases non-matching rows at once. Correctness does not
 	// need a snapshot here: the slot keeps other claimants out, and the guarded UPDATE's
 	// affected-row check catches any row claimed elsewhere (I2).
-	// Probed before the transaction: the probe needs a connection of its own, and the
-	// transaction may hold the pool's last one.
-	noWait := s.slotNoWait(ctx)
 	err := s.withTx(ctx, sql.LevelReadCommitted, func(tx *sqlx.Tx) error {
 		batchID, err := takeSlot(ctx, tx, repo, noWait)
 		if err != nil {
