@@ -148,11 +148,12 @@ const (
 		TIMESTAMPDIFF(MICROSECOND, MIN(created_at), CURRENT_TIMESTAMP(6)) / 1000000 AS oldest_age
 		FROM merge_batch_request WHERE batch_id IS NULL
 		GROUP BY repo ORDER BY repo`
-	// qCleanupWaiting: waiting rows of SUCCEEDED batches finished long enough ago
-	// (idx_status_updated, then idx_batch). No ORDER BY: any chunk will do, and ordering
-	// by r.id makes the optimizer walk the waiting table's primary key instead.
+	// qCleanupWaiting: waiting rows of SUCCEEDED batches finished long enough ago (a
+	// covering walk of idx_repo_waiting — the waiting table is the small side once
+	// cleanup runs — then the batch by primary key). No ORDER BY: any chunk will do, and
+	// ordering by r.id makes the optimizer walk the waiting table's primary key instead.
 	qCleanupWaiting = `SELECT r.id FROM merge_batch b
-		JOIN merge_batch_request r ON r.batch_id = b.id
+		JOIN merge_batch_request r ON r.repo = b.repo AND r.batch_id = b.id
 		WHERE b.status = 2 AND b.updated_at < CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
 		  AND b.finished_at < CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
 		LIMIT ?`

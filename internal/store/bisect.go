@@ -63,9 +63,16 @@ type WaitingMember struct {
 	CreatedAt   time.Time `db:"created_at"`
 }
 
-// qBatchWaiting: the waiting rows a batch claimed, in queue order (idx_batch).
-const qBatchWaiting = `SELECT id, operation_id, grp, kind, parent_id, depth, half, retries, tries, created_at
-	FROM merge_batch_request WHERE batch_id = ? ORDER BY created_at, id`
+// qBatchWaiting: the waiting rows a batch claimed, in queue order: the batch row, then
+// idx_repo_waiting's (repo, batch_id) prefix, whose (created_at, id) tail is that order.
+const qBatchWaiting = `SELECT r.id, r.operation_id, r.grp, r.kind, r.parent_id, r.depth, r.half, r.retries, r.tries, r.created_at
+	FROM merge_batch b JOIN merge_batch_request r ON r.repo = b.repo AND r.batch_id = b.id
+	WHERE b.id = ? ORDER BY r.created_at, r.id`
+
+// qDeleteBatchWaiting deletes the waiting rows a batch still claims, found like
+// qBatchWaiting (the settlement already holds the batch row).
+const qDeleteBatchWaiting = `DELETE r FROM merge_batch_request r
+	JOIN merge_batch b ON r.repo = b.repo AND r.batch_id = b.id WHERE b.id = ?`
 
 // BatchWaitingMembers returns the waiting rows batch id claimed, in queue order
 // (created_at, id). While the batch is active nothing but its own settlement writes
@@ -194,7 +201,7 @@ func (s *Store) BatchSettleRequeue(ctx context.Context, id int64, from BatchStat
 		// What is left claimed by this batch are the failed members' rows (and strays):
 		// they go, so that an operator retry can admit the operation again (the waiting
 		// set is unique on operation_id). The member history keeps the record.
-		if _, err := tx.ExecContext(ctx, "DELETE FROM merge_batch_request WHERE batch_id = ?", id); err != nil {
+		if _, err := tx.ExecContext(ctx, qDeleteBatchWaiting, id); err != nil {
 			return err
 		}
 

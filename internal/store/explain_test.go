@@ -53,7 +53,7 @@ func btExplain(t *testing.T, st *store.Store, q string, args ...any) []btPlanRow
 //
 //	claim head (oldest group)  merge_batch_request ref    idx_repo_waiting (index order, no sort)
 //	claim read (one group)     merge_batch_request ref    idx_repo_group_waiting (index order, no sort)
-//	claim guarded UPDATE       merge_batch_request range  idx_batch (batch_id IS NULL; READ COMMITTED
+//	claim guarded UPDATE       merge_batch_request range  PRIMARY (id IN …; READ COMMITTED
 //	                                                        unlocks non-matching rows, so I3 holds)
 //	claim operations UPDATE    operation           range  uk_operation_id
 //	precheck / waiting repos   merge_batch_request ref / range idx_repo_waiting (loose scan)
@@ -61,13 +61,14 @@ func btExplain(t *testing.T, st *store.Store, q string, args ...any) []btPlanRow
 //	member history             merge_batch_member  ref    PRIMARY
 //	settle lock members        operation           ref    idx_batch
 //	settle bindings            binding             range  uk_subject_target (row-constructor IN)
-//	settle delete waiting      merge_batch_request range  idx_batch
+//	settle delete waiting      merge_batch const PRIMARY → merge_batch_request ref idx_repo_waiting
 //	batches due / timed out    merge_batch         range  idx_status_next_check
 //	failed with MR             merge_batch         range  idx_status_updated
 //	batch members (publish)    member ref PRIMARY → operation eq_ref uk_operation_id
-//	cleanup candidates         merge_batch_request index idx_batch → merge_batch eq_ref PRIMARY
+//	waiting rows of a batch    merge_batch const PRIMARY → merge_batch_request ref idx_repo_waiting
+//	cleanup candidates         merge_batch_request index idx_repo_waiting → merge_batch eq_ref PRIMARY
 //	                           (the waiting table is the small side once cleanup runs)
-//	waiting stats (metric)     merge_batch_request ref    idx_batch
+//	waiting stats (metric)     merge_batch_request        idx_repo_waiting (covering)
 //
 // Every query the batch side runs on a hot path is served by an index: no plan row is a
 // full table scan (type ALL), and the ones named here use the index they were built for.
@@ -156,7 +157,7 @@ func TestExplainBatchQueries(t *testing.T) {
 		{"claim: waiting rows of one group of a repository, oldest first",
 			store.QClaimRead, "idx_repo_group_waiting|idx_repo_waiting", []any{repo, "", 10}},
 		{"settle failure: waiting rows a batch claimed, queue order",
-			store.QBatchWaiting, "idx_batch", []any{activeID}},
+			store.QBatchWaiting, "PRIMARY|idx_repo_waiting", []any{activeID}},
 		{"claim: guarded UPDATE of the waiting rows read",
 			"UPDATE merge_batch_request SET batch_id = 1 WHERE batch_id IS NULL AND id IN (" + in(len(reqArgs)) + ")",
 			"", reqArgs},
@@ -179,7 +180,7 @@ func TestExplainBatchQueries(t *testing.T) {
 				strings.TrimSuffix(strings.Repeat("(?,?,?),", len(members)), ",") + ") AND status = 'pending'",
 			"uk_subject_target", triples},
 		{"settle failure: waiting rows of the batch",
-			"DELETE FROM merge_batch_request WHERE batch_id = ?", "idx_batch", []any{activeID}},
+			store.QDeleteBatchWait, "PRIMARY|idx_repo_waiting", []any{activeID}},
 		{"reconcile: batches due",
 			store.QBatchesDue, "idx_status_next_check", []any{100}},
 		{"timeout sweep",

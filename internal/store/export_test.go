@@ -10,6 +10,7 @@ const (
 	QClaimHead       = qClaimHead
 	QClaimRead       = qClaimRead
 	QBatchWaiting    = qBatchWaiting
+	QDeleteBatchWait = qDeleteBatchWaiting
 	QMemberIDs       = qMemberIDs
 	QBatchMembers    = qBatchMembers
 	QBatchesDue      = qBatchesDue
