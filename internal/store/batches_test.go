@@ -513,11 +513,7 @@ func TestSlotClaimInFlightIsAnsweredAtOnce(t *testing.T) {
 func testSlotClaimInFlight(t *testing.T, noWait bool) {
 	holder, dsn := storetest.New(t)
 	ctx := context.Background()
-	others, err := store.Open(ctx, dsn, store.Options{MaxOpenConns: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer others.Close()
+	others := storetest.Open(t, dsn, 8)
 	if noWait && !others.SlotNoWait() {
 		t.Skip("this server does not take the no-wait slot INSERT")
 	}
@@ -1095,11 +1091,7 @@ func TestClaimOnPoolOfOne(t *testing.T) {
 	_, dsn := storetest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := store.Open(ctx, dsn, store.Options{MaxOpenConns: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := storetest.Open(t, dsn, 1)
 	storetest.InsertQueuedOps(t, st, "group/one-conn", 3)
 	res, err := st.BatchClaim(ctx, "group/one-conn", 10)
 	if err != nil || res.Outcome != store.ClaimClaimed || len(res.OperationIDs) != 3 {

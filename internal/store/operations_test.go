@@ -1146,11 +1146,7 @@ func TestAdmissionOnPoolOfOne(t *testing.T) {
 		_, dsn := storetest.New(t)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		st, err := store.Open(ctx, dsn, store.Options{MaxOpenConns: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer st.Close()
+		st := storetest.Open(t, dsn, 1)
 		st.SetAdmitOptions(store.AdmitOptions{PlainStatements: plain})
 		var wg sync.WaitGroup
 		errs := make([]error, 8)

@@ -83,6 +83,19 @@ func New(t testing.TB) (*store.Store, string) {
 	return st, dsn
 }
 
+// Open opens another Store, with a pool of conns connections, on the database of dsn
+// (from New), closed when t ends: a second replica, or a pool small enough to prove
+// that a method never needs a second connection while it holds one.
+func Open(t testing.TB, dsn string, conns int) *store.Store {
+	t.Helper()
+	st, err := store.Open(context.Background(), dsn, store.Options{MaxOpenConns: conns})
+	if err != nil {
+		t.Fatalf("open store: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
 func sanitize(s string) string {
 	var b strings.Builder
 	for _, r := range strings.ToLower(s) {
