@@ -993,6 +993,19 @@ func moveOps(ctx context.Context, tx *sqlx.Tx, id int64, opIDs []string, from, t
 	})
 }
 
+// qMoveBindings is the guarded binding move for n (subject, target, operation_id)
+// triples. The index hint is there because the optimizer's choice is not stable: where
+// targets are nearly unique it prefers idx_target (the shorter key, same row estimate),
+// and a busy target shared by many subjects would then be read — and, for the
+// statement's duration, locked — row by row. uk_subject_target finds each triple's one
+// row, whatever the data looks like.
+func qMoveBindings(n int) string {
+	return `UPDATE binding FORCE INDEX (uk_subject_target)
+	           SET status = ?, version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
+	         WHERE (subject, target, operation_id) IN (` +
+		strings.TrimSuffix(strings.Repeat("(?,?,?),", n), ",") + `) AND status = ?`
+}
+
 // moveBindings moves the bindings of settled members, grants then revokes, each in
 // (subject, target) order, guarded on the binding still belonging to that operation and
 // being in the expected state. A binding that does not match is left as it is: the
@@ -1022,10 +1035,7 @@ func moveBindings(ctx context.Context, tx *sqlx.Tx, ops []settledOp, grantFrom, 
 				args = append(args, o.Subject, o.Target, o.OperationID)
 			}
 			args = append(args, kind.from)
-			_, err := tx.ExecContext(ctx,
-				`UPDATE binding SET status = ?, version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
-				  WHERE (subject, target, operation_id) IN (`+
-					strings.TrimSuffix(strings.Repeat("(?,?,?),", hi-lo), ",")+`) AND status = ?`, args...)
+			_, err := tx.ExecContext(ctx, qMoveBindings(hi-lo), args...)
 			return err
 		}); err != nil {
 			return err

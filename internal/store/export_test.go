@@ -23,6 +23,9 @@ const (
 // SlotNoWait reports whether claims take the slot with the no-wait INSERT (probing the
 // server if not yet done); SetSlotNoWait forces either way, so the tests prove both the
 // MariaDB path and the one servers without it take.
+// QMoveBindings is the settle's binding move for n members.
+func QMoveBindings(n int) string { return qMoveBindings(n) }
+
 func (s *Store) SlotNoWait() bool { return s.slotNoWait(context.Background()) }
 
 func (s *Store) SetSlotNoWait(on bool) {
