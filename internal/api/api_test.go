@@ -640,6 +640,69 @@ func TestHealthReadyMetrics(t *testing.T) {
 	}
 }
 
+// Finished operations are counted on their own, slower clock (their count reads the
+// whole history), and a count of them that fails is reported without taking the live
+// gauges — operations in flight, the waiting set — away with it.
+func TestMetricsHistoryOnItsOwnClock(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.AutoApprove = true })
+	db := e.api.m.db
+	db.liveTTL, db.historyTTL = 0, time.Hour
+	scrape := func() string { return string(e.do(req{method: "GET", path: "/metrics"}).raw) }
+	has := func(text string, want ...string) {
+		t.Helper()
+		for _, w := range want {
+			if !strings.Contains(text, w+"\n") {
+				t.Errorf("metrics lack %q", w)
+			}
+		}
+		if t.Failed() {
+			t.Fatalf("metrics:\n%s", text)
+		}
+	}
+	// eventually scrapes until every line is there: the count runs in the background.
+	eventually := func(want ...string) string {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			text := scrape()
+			missing := false
+			for _, w := range want {
+				missing = missing || !strings.Contains(text, w+"\n")
+			}
+			if !missing || time.Now().After(deadline) {
+				has(text, want...)
+				return text
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
+	ivy := e.mustCreate("ivy", "t", "grant")
+	has(scrape(), `batcherd_operations{status="queued"} 1`, `batcherd_operations{status="merged"} 0`, `batcherd_metrics_sample_failed 0`)
+
+	// Merged behind the API's back: the live numbers follow at once, the history count
+	// only when its clock comes round.
+	if _, err := e.st.DB().Exec("UPDATE operation SET status = 'merged' WHERE operation_id = ?", ivy); err != nil {
+		t.Fatal(err)
+	}
+	e.mustCreate("jack", "t", "grant")
+	e.mustCreate("kim", "t", "grant")
+	has(scrape(), `batcherd_operations{status="queued"} 2`, `batcherd_operations{status="merged"} 0`, `batcherd_waiting_depth{repo="group/repo-a"} 3`)
+
+	db.mu.Lock()
+	db.historyTTL, db.historyTimeout = 0, time.Nanosecond
+	db.mu.Unlock()
+	text := eventually(`batcherd_metrics_sample_failed 1`, `batcherd_operations{status="queued"} 2`, `batcherd_waiting_depth{repo="group/repo-a"} 3`)
+	if strings.Contains(text, `status="merged"`) {
+		t.Fatalf("a failed count still served its old numbers:\n%s", text)
+	}
+
+	db.mu.Lock()
+	db.historyTimeout = time.Minute
+	db.mu.Unlock()
+	eventually(`batcherd_metrics_sample_failed 0`, `batcherd_operations{status="merged"} 1`, `batcherd_operations{status="queued"} 2`)
+}
+
 // Every bad input gets its status and a JSON error, and writes nothing.
 func TestBadInput(t *testing.T) {
 	e := newEnv(t, nil)

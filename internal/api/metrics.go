@@ -13,14 +13,25 @@ import (
 	"github.com/batcherd/batcherd/internal/store"
 )
 
-// dbSampleTTL bounds how often a scrape queries the database: several Prometheus
-// servers (or a fast scrape interval) must not turn into a query load.
-const dbSampleTTL = 5 * time.Second
+// How often a scrape reads the database. Several Prometheus servers (or a fast scrape
+// interval) must not turn into a query load, and the two samples cost differently:
+// the live one (operations in flight, the waiting set) reads rows bounded by the work in
+// flight and is taken in the scrape; counting finished operations reads their whole
+// history (0.6 s for 2M rows here), so it runs in the background once a minute with
+// a longer deadline, and a scrape serves its last result instead of waiting for it.
+const (
+	dbSampleTTL           = 5 * time.Second
+	dbSampleTimeout       = 2 * time.Second
+	historySampleTTL      = time.Minute
+	historySampleTimeout  = 30 * time.Second
+	historyFirstSampleMax = time.Second // how long the first scrapes wait for the first count
+)
 
 type httpMetrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	webhooks *prometheus.CounterVec
+	db       *dbCollector
 }
 
 func newHTTPMetrics(reg prometheus.Registerer, s *Server) (*httpMetrics, error) {
@@ -38,8 +49,9 @@ func newHTTPMetrics(reg prometheus.Registerer, s *Server) (*httpMetrics, error) 
 			Name: "batcherd_webhook_events_total",
 			Help: "Authenticated GitLab webhook events by result (marked_due, ignored, error).",
 		}, []string{"result"}),
+		db: newDBCollector(s),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.webhooks, newDBCollector(s)} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.webhooks, m.db} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -95,28 +107,36 @@ func metricsHandler(reg *prometheus.Registry) http.Handler {
 }
 
 // dbCollector samples the database at scrape time: operations by status and the
-// waiting set per repository. Samples are cached for dbSampleTTL.
+// waiting set per repository (see dbSampleTTL for the two clocks).
 type dbCollector struct {
 	s          *Server
 	opsDesc    *prometheus.Desc
 	depthDesc  *prometheus.Desc
 	oldestDesc *prometheus.Desc
 	errDesc    *prometheus.Desc
+	// The clocks of dbSampleTTL's comment (fields so tests can run them faster).
+	liveTTL, historyTTL, historyTimeout time.Duration
 
-	mu      sync.Mutex
-	at      time.Time
-	counts  map[store.OpStatus]int64
-	waiting []store.RepoWaiting
-	failed  float64 // 1 when the last sample failed
+	mu         sync.Mutex
+	at         time.Time
+	live       map[store.OpStatus]int64 // nil: the last live sample failed
+	waiting    []store.RepoWaiting
+	liveFailed bool
+
+	historyAt      time.Time                // when the last count started
+	history        map[store.OpStatus]int64 // nil: no count yet, or the last one failed
+	historyFailed  bool
+	historyRunning chan struct{} // closed when the count in flight ends; nil: none
 }
 
 func newDBCollector(s *Server) *dbCollector {
 	return &dbCollector{
 		s:          s,
-		opsDesc:    prometheus.NewDesc("batcherd_operations", "Operations by status (sampled from the database).", []string{"status"}, nil),
+		opsDesc:    prometheus.NewDesc("batcherd_operations", "Operations by status (sampled from the database; finished statuses once a minute).", []string{"status"}, nil),
 		depthDesc:  prometheus.NewDesc("batcherd_waiting_depth", "Operations waiting to be claimed, per repository.", []string{"repo"}, nil),
 		oldestDesc: prometheus.NewDesc("batcherd_waiting_oldest_age_seconds", "Age of the oldest waiting operation per repository (database clock).", []string{"repo"}, nil),
 		errDesc:    prometheus.NewDesc("batcherd_metrics_sample_failed", "1 when the last database sample for metrics failed.", nil, nil),
+		liveTTL:    dbSampleTTL, historyTTL: historySampleTTL, historyTimeout: historySampleTimeout,
 	}
 }
 
@@ -128,23 +148,32 @@ func (c *dbCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
+	if first := c.refresh(); first != nil {
+		select {
+		case <-first:
+		case <-time.After(historyFirstSampleMax):
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if time.Since(c.at) > dbSampleTTL {
-		c.sample()
+	failed := 0.0
+	if c.liveFailed || c.historyFailed {
+		failed = 1
 	}
-	ch <- prometheus.MustNewConstMetric(c.errDesc, prometheus.GaugeValue, c.failed)
-	for st, n := range c.counts {
-		ch <- prometheus.MustNewConstMetric(c.opsDesc, prometheus.GaugeValue, float64(n), string(st))
+	ch <- prometheus.MustNewConstMetric(c.errDesc, prometheus.GaugeValue, failed)
+	for _, counts := range []map[store.OpStatus]int64{c.live, c.history} {
+		for st, n := range counts {
+			ch <- prometheus.MustNewConstMetric(c.opsDesc, prometheus.GaugeValue, float64(n), string(st))
+		}
+	}
+	if c.live == nil {
+		return // no live sample: no numbers rather than made-up zeros
 	}
 	seen := map[string]bool{}
 	for _, w := range c.waiting {
 		seen[w.Repo] = true
 		ch <- prometheus.MustNewConstMetric(c.depthDesc, prometheus.GaugeValue, float64(w.Depth), w.Repo)
 		ch <- prometheus.MustNewConstMetric(c.oldestDesc, prometheus.GaugeValue, w.OldestAge, w.Repo)
-	}
-	if c.counts == nil {
-		return // never sampled successfully: no numbers rather than made-up zeros
 	}
 	for _, repo := range c.s.cfg.Repos { // configured repositories with nothing waiting
 		if !seen[repo] {
@@ -154,18 +183,63 @@ func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// sample refreshes the cache. On failure it drops the old numbers: stale gauges
-// would hide the outage the failure metric reports.
-func (c *dbCollector) sample() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+// refresh takes the live sample when it is stale and starts a count of finished
+// operations when that is. It returns the count's done channel while no count has
+// ever succeeded, so the first scrapes after a start show every status if the count is
+// quick, and wait at most historyFirstSampleMax if it is not.
+func (c *dbCollector) refresh() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.at) > c.liveTTL {
+		c.sampleLive()
+	}
+	if c.historyRunning == nil && time.Since(c.historyAt) > c.historyTTL {
+		c.historyAt = time.Now()
+		done := make(chan struct{})
+		c.historyRunning = done
+		go c.sampleHistory(done, c.historyTimeout)
+	}
+	if c.history == nil && !c.historyFailed {
+		return c.historyRunning
+	}
+	return nil
+}
+
+// sampleLive refreshes the live numbers (c.mu held). On failure it drops the old
+// ones: stale gauges would hide the outage the failure metric reports.
+func (c *dbCollector) sampleLive() {
+	ctx, cancel := context.WithTimeout(c.s.bg, dbSampleTimeout)
 	defer cancel()
 	c.at = time.Now()
-	counts, err1 := c.s.st.OperationCounts(ctx)
+	counts, err1 := c.s.st.OperationCounts(ctx, store.LiveOpStatuses...)
 	waiting, err2 := c.s.st.WaitingStats(ctx)
 	if err1 != nil || err2 != nil {
-		c.s.log.Warn("metrics: database sample failed", "operations_err", err1, "waiting_err", err2)
-		c.counts, c.waiting, c.failed = nil, nil, 1
+		if c.s.bg.Err() == nil {
+			c.s.log.Warn("metrics: database sample failed", "operations_err", err1, "waiting_err", err2)
+		}
+		c.live, c.waiting, c.liveFailed = nil, nil, true
 		return
 	}
-	c.counts, c.waiting, c.failed = counts, waiting, 0
+	c.live, c.waiting, c.liveFailed = counts, waiting, false
+}
+
+// sampleHistory counts finished operations (in its own goroutine) and closes done.
+func (c *dbCollector) sampleHistory(done chan struct{}, timeout time.Duration) {
+	defer close(done)
+	ctx, cancel := context.WithTimeout(c.s.bg, timeout)
+	defer cancel()
+	counts, err := c.s.st.OperationCounts(ctx, store.FinishedOpStatuses...)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.historyRunning = nil
+	if err != nil {
+		if c.s.bg.Err() != nil {
+			return // shutting down: not a failure of the database
+		}
+		c.s.log.Warn("metrics: counting finished operations failed; the next scrape after retry_in tries again",
+			"err", err, "timeout", timeout, "retry_in", c.historyTTL)
+		c.history, c.historyFailed = nil, true
+		return
+	}
+	c.history, c.historyFailed = counts, false
 }

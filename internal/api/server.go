@@ -78,6 +78,9 @@ type Deps struct {
 	SchemaCheck func(context.Context) error
 	// Kick, when set, wakes the scanner's publish and reconcile loops (webhook hints).
 	Kick func()
+	// Context bounds the work the server starts in the background (the metrics' count
+	// of finished operations); end it before closing the store. Nil: never ends.
+	Context context.Context
 }
 
 // Server is the HTTP handler of the API, health and metrics.
@@ -96,6 +99,7 @@ type Server struct {
 	adminTokens [][32]byte
 	webhook     [32]byte
 	mux         *http.ServeMux
+	bg          context.Context // Deps.Context
 	m           *httpMetrics
 	routes      []route
 }
@@ -142,7 +146,10 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s := &Server{
 		cfg: cfg, st: deps.Store, log: log.With("component", "api"),
 		rounds: deps.Rounds, settler: deps.Settler, schema: deps.SchemaCheck, kick: deps.Kick,
-		repos: map[string]bool{},
+		repos: map[string]bool{}, bg: deps.Context,
+	}
+	if s.bg == nil {
+		s.bg = context.Background()
 	}
 	for _, r := range cfg.Repos {
 		s.repos[r] = true

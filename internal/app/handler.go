@@ -29,6 +29,7 @@ func (a *App) handler() (http.Handler, error) {
 		Settler:     a.sc,
 		SchemaCheck: a.readiness(),
 		Kick:        a.sc.Kick,
+		Context:     a.bg,
 	})
 }
 

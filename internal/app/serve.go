@@ -31,6 +31,10 @@ type App struct {
 	srv      *http.Server
 	ln       net.Listener
 	draining chan struct{}
+	// bg bounds the API's background work (the metrics' history count); Run ends it
+	// after the HTTP drain, before the pool closes.
+	bg     context.Context
+	stopBg context.CancelFunc
 }
 
 // Serve runs one replica until ctx ends (SIGTERM/SIGINT), then stops gracefully.
@@ -109,13 +113,16 @@ func New(ctx context.Context, cfg *config.Config, env Env) (*App, error) {
 	sc := scanner.New(scfg, st, gl, log, reg)
 
 	a := &App{cfg: cfg, log: log, st: st, gl: gl, sc: sc, reg: reg, draining: make(chan struct{})}
+	a.bg, a.stopBg = context.WithCancel(context.WithoutCancel(ctx))
 	handler, err := a.handler()
 	if err != nil {
+		a.stopBg()
 		st.Close()
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
 	if err != nil {
+		a.stopBg()
 		st.Close()
 		return nil, fmt.Errorf("BATCHERD_HTTP_ADDR %s: %w", cfg.HTTPAddr, err)
 	}
@@ -181,6 +188,7 @@ func (a *App) Run(ctx context.Context) error {
 		a.log.Debug("closing HTTP connections that did not drain", "err", err)
 		a.srv.Close()
 	}
+	a.stopBg()
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {

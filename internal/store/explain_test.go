@@ -70,6 +70,8 @@ func btExplain(t *testing.T, st *store.Store, q string, args ...any) []btPlanRow
 //	cleanup candidates         merge_batch_request index idx_repo_waiting → merge_batch eq_ref PRIMARY
 //	                           (the waiting table is the small side once cleanup runs)
 //	waiting stats (metric)     merge_batch_request        idx_repo_waiting (covering)
+//	live operation counts      operation           range  idx_status_updated (the finished
+//	                                                        statuses' history is not read)
 //
 // Every query the batch side runs on a hot path is served by an index: no plan row is a
 // full table scan (type ALL), and the ones named here use the index they were built for.
@@ -115,6 +117,8 @@ func TestExplainBatchQueries(t *testing.T) {
 	if _, err := st.DB().Exec("UPDATE merge_batch SET mr_iid = id WHERE status = 3 AND id % 3 = 0"); err != nil {
 		t.Fatal(err)
 	}
+	// Operations are history too: merged ones outnumber those in flight.
+	storetest.InsertOps(t, st, storetest.Ops{Repo: "group/repo-19", N: 5000, Status: store.OpMerged, Prefix: "old"})
 	for _, tbl := range []string{"merge_batch", "merge_batch_request", "merge_batch_member", "operation", "binding", "audit_event"} {
 		if _, err := st.DB().Exec("ANALYZE TABLE " + tbl); err != nil {
 			t.Fatal(err)
@@ -149,6 +153,11 @@ func TestExplainBatchQueries(t *testing.T) {
 		triples = append(triples, m.Subject, m.Target, m.OperationID)
 	}
 
+	const liveCounts = "metrics: operations in flight by status"
+	var liveArgs []any
+	for _, st := range store.LiveOpStatuses {
+		liveArgs = append(liveArgs, st)
+	}
 	for _, c := range []struct {
 		name, query, wantKey string
 		args                 []any
@@ -193,6 +202,7 @@ func TestExplainBatchQueries(t *testing.T) {
 			store.QCleanupWaiting, "", []any{1, 1, 500}},
 		{"metrics: waiting depth per repository",
 			store.QWaitingStats, "", nil},
+		{liveCounts, store.QOperationCounts(len(store.LiveOpStatuses)), "idx_status_updated", liveArgs},
 	} {
 		plan := btExplain(t, st, c.query, c.args...)
 		for _, p := range plan {
@@ -205,6 +215,11 @@ func TestExplainBatchQueries(t *testing.T) {
 		// may read a group through idx_repo_waiting in index order, filtering on grp.
 		if c.wantKey != "" && (len(plan) == 0 || !slices.Contains(strings.Split(c.wantKey, "|"), plan[0].Key)) {
 			t.Errorf("%s: plan %+v does not use %s", c.name, plan, c.wantKey)
+		}
+		// Sampled every few seconds by every replica: it must read the rows in flight,
+		// not the whole history (a full index scan is type "index").
+		if c.name == liveCounts && (len(plan) != 1 || plan[0].Type != "range") {
+			t.Errorf("%s: plan %+v is not a range read", c.name, plan)
 		}
 	}
 }

@@ -23,6 +23,9 @@ const (
 // SlotNoWait reports whether claims take the slot with the no-wait INSERT (probing the
 // server if not yet done); SetSlotNoWait forces either way, so the tests prove both the
 // MariaDB path and the one servers without it take.
+// QOperationCounts is the metrics' count of n statuses.
+func QOperationCounts(n int) string { return qOperationCounts(n) }
+
 // QMoveBindings is the settle's binding move for n members.
 func QMoveBindings(n int) string { return qMoveBindings(n) }
 

@@ -132,8 +132,8 @@ func TestOperationGrantApproveFlow(t *testing.T) {
 	if err != nil || v.MRURL != "" || v.OperationID != op.OperationID {
 		t.Fatalf("view: %+v %v", v, err)
 	}
-	counts, err := st.OperationCounts(ctx)
-	if err != nil || counts[store.OpQueued] != 1 || counts[store.OpMerged] != 0 {
+	counts, err := st.OperationCounts(ctx, store.OpQueued, store.OpMerged)
+	if err != nil || len(counts) != 2 || counts[store.OpQueued] != 1 || counts[store.OpMerged] != 0 {
 		t.Fatalf("counts: %v %v", counts, err)
 	}
 }

@@ -58,6 +58,14 @@ const (
 	OpRejected        OpStatus = "rejected"
 )
 
+// LiveOpStatuses are the statuses an operation leaves: how many are in them is bounded
+// by the work in flight. FinishedOpStatuses are where operations end (failed can be
+// retried, but stays until then); their counts grow with history.
+var (
+	LiveOpStatuses     = []OpStatus{OpPendingApproval, OpQueued, OpInBatch}
+	FinishedOpStatuses = []OpStatus{OpMerged, OpFailed, OpRejected}
+)
+
 // BindingStatus is binding.status: what the repository holds for a relation.
 type BindingStatus string
 
