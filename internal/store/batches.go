@@ -683,8 +683,18 @@ type BatchFilter struct {
 	AfterID int64
 }
 
-// BatchList lists batches (without OperationIDs).
+// BatchList lists batches (without OperationIDs), newest first.
 func (s *Store) BatchList(ctx context.Context, f BatchFilter) ([]Batch, error) {
+	q, args := qBatchList(f)
+	out := []Batch{}
+	err := s.db.SelectContext(ctx, &out, q, args...)
+	return out, translate(err)
+}
+
+// qBatchList is BatchList's query, newest first: a repository alone is read through
+// idx_repo_id, a repository with a status through idx_repo_status, both in id order
+// without a sort however much history other repositories have.
+func qBatchList(f BatchFilter) (string, []any) {
 	if f.Limit <= 0 {
 		f.Limit = 50
 	}
@@ -708,10 +718,7 @@ func (s *Store) BatchList(ctx context.Context, f BatchFilter) ([]Batch, error) {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
 	q += " ORDER BY id DESC LIMIT ?"
-	args = append(args, f.Limit)
-	out := []Batch{}
-	err := s.db.SelectContext(ctx, &out, q, args...)
-	return out, translate(err)
+	return q, append(args, f.Limit)
 }
 
 // BatchMembers returns the operations of a batch (from member history), sorted by

@@ -70,6 +70,8 @@ func btExplain(t *testing.T, st *store.Store, q string, args ...any) []btPlanRow
 //	cleanup candidates         merge_batch_request index idx_repo_waiting → merge_batch eq_ref PRIMARY
 //	                           (the waiting table is the small side once cleanup runs)
 //	waiting stats (metric)     merge_batch_request        idx_repo_waiting (covering)
+//	batch list by repository   merge_batch         ref    idx_repo_id (idx_repo_status with a
+//	                                                        status), index order, no sort
 //	live operation counts      operation           range  idx_status_updated (the finished
 //	                                                        statuses' history is not read)
 //
@@ -98,6 +100,13 @@ func TestExplainBatchQueries(t *testing.T) {
 			}
 		}
 		btClaim(t, st, repo, 10, store.ClaimClaimed) // one active batch per repository
+	}
+	// A repository that went quiet long ago: its batches are the oldest of all, so
+	// listing it newest first must not walk back through everyone else's history.
+	quiet := "INSERT INTO merge_batch (repo, status, size, finished_at) VALUES " +
+		strings.TrimSuffix(strings.Repeat("('group/quiet', 2, 1, CURRENT_TIMESTAMP(6)),", 1500), ",")
+	if _, err := st.DB().Exec(quiet); err != nil {
+		t.Fatal(err)
 	}
 	// Production shape: finished batches accumulate for ever while at most one per
 	// repository is active, so history dwarfs the active set. Add a year of it directly.
@@ -153,6 +162,9 @@ func TestExplainBatchQueries(t *testing.T) {
 		triples = append(triples, m.Subject, m.Target, m.OperationID)
 	}
 
+	const listRepo = "API: batches of a quiet repository, newest first"
+	listRepoQ, listRepoArgs := store.QBatchList(store.BatchFilter{Repo: "group/quiet"})
+	listRepoStatusQ, listRepoStatusArgs := store.QBatchList(store.BatchFilter{Repo: "group/quiet", Status: store.BatchSucceeded})
 	const liveCounts = "metrics: operations in flight by status"
 	var liveArgs []any
 	for _, st := range store.LiveOpStatuses {
@@ -203,6 +215,8 @@ func TestExplainBatchQueries(t *testing.T) {
 		{"metrics: waiting depth per repository",
 			store.QWaitingStats, "", nil},
 		{liveCounts, store.QOperationCounts(len(store.LiveOpStatuses)), "idx_status_updated", liveArgs},
+		{listRepo, listRepoQ, "idx_repo_id", listRepoArgs},
+		{listRepo + " and status", listRepoStatusQ, "idx_repo_status|idx_repo_id", listRepoStatusArgs},
 	} {
 		plan := btExplain(t, st, c.query, c.args...)
 		for _, p := range plan {
@@ -220,6 +234,11 @@ func TestExplainBatchQueries(t *testing.T) {
 		// not the whole history (a full index scan is type "index").
 		if c.name == liveCounts && (len(plan) != 1 || plan[0].Type != "range") {
 			t.Errorf("%s: plan %+v is not a range read", c.name, plan)
+		}
+		// A page of the list is read in index order: sorting would read all of the
+		// repository's history first.
+		if strings.HasPrefix(c.name, listRepo) && (len(plan) != 1 || strings.Contains(plan[0].Extra, "filesort")) {
+			t.Errorf("%s: plan %+v sorts", c.name, plan)
 		}
 	}
 }

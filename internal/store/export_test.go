@@ -26,6 +26,9 @@ const (
 // QOperationCounts is the metrics' count of n statuses.
 func QOperationCounts(n int) string { return qOperationCounts(n) }
 
+// QBatchList is GET /v1/batches' query for f.
+func QBatchList(f BatchFilter) (string, []any) { return qBatchList(f) }
+
 // QMoveBindings is the settle's binding move for n members.
 func QMoveBindings(n int) string { return qMoveBindings(n) }
 
