@@ -115,11 +115,36 @@ func canonicalAttributes(raw json.RawMessage) (json.RawMessage, error) {
 	if err := dec.Decode(&v); err != nil {
 		return nil, badRequest("attributes must be a JSON object")
 	}
+	if err := checkNumbers(v); err != nil {
+		return nil, badRequest("attributes: %v; send it as a string to keep it exact", err)
+	}
 	out, err := json.Marshal(v) // map keys are sorted by encoding/json
 	if err != nil {
 		return nil, badRequest("attributes must be a JSON object")
 	}
 	return out, nil
+}
+
+// checkNumbers refuses numbers the binding file could not carry as the same number
+// (mr.CheckAttributeNumber), wherever they are in the attributes.
+func checkNumbers(v any) error {
+	switch x := v.(type) {
+	case map[string]any:
+		for _, e := range x {
+			if err := checkNumbers(e); err != nil {
+				return err
+			}
+		}
+	case []any:
+		for _, e := range x {
+			if err := checkNumbers(e); err != nil {
+				return err
+			}
+		}
+	case json.Number:
+		return mr.CheckAttributeNumber(x)
+	}
+	return nil
 }
 
 // parseExpiresAt parses an RFC 3339 time. Whether it lies in the future is decided by

@@ -146,6 +146,9 @@ func TestServeEndToEnd(t *testing.T) {
 		wg.Go(func() {
 			var env opEnvelope
 			body := map[string]any{"subject": fmt.Sprintf("user-%d", i), "target": "db/prod", "action": "grant", "repo": repos[i%2]}
+			if i == 0 { // numbers reach the file as sent (checked below)
+				body["attributes"] = json.RawMessage(`{"ticket":1234567,"big":9007199254740993,"ratio":1e5}`)
+			}
 			if code := call(t, "POST", base+"/v1/operations", apiToken, body, &env); code != 201 {
 				t.Errorf("create %d: status %d", i, code)
 			}
@@ -177,8 +180,16 @@ func TestServeEndToEnd(t *testing.T) {
 		files := sim.Files(repo)
 		for j := i; j < n; j += 2 {
 			p := mr.BindingPath(fmt.Sprintf("user-%d", j), "db/prod")
-			if _, ok := files[p]; !ok {
+			content, ok := files[p]
+			if !ok {
 				t.Errorf("%s: %s missing on the default branch", repo, p)
+			}
+			if j == 0 {
+				for _, line := range []string{"ticket: 1234567\n", "big: 9007199254740993\n", "ratio: 1.0e+5\n"} {
+					if !strings.Contains(content, line) {
+						t.Errorf("%s lacks %q:\n%s", p, line, content)
+					}
+				}
 			}
 		}
 		for branch, mrs := range sim.MRsByBranch(repo) {

@@ -1,8 +1,12 @@
 package mr
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/url"
+	"strconv"
+	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -25,18 +29,92 @@ type bindingDocAttrs struct {
 	Attributes map[string]any `yaml:"attributes,omitempty"`
 }
 
-// BindingYAMLWithAttributes is BindingYAML plus the operation's attributes (omitted
-// when empty). It fails only for values YAML cannot represent.
-func BindingYAMLWithAttributes(subject, target, operationID string, expiresAt *time.Time, attributes map[string]any) (string, error) {
-	doc := bindingDocAttrs{bindingDoc: bindingDoc{Subject: subject, Target: target, OperationID: operationID}, Attributes: attributes}
+// BindingYAMLWithAttributes is BindingYAML plus the operation's attributes, a JSON
+// object as the API stored it (omitted when empty or null). Numbers are written as
+// sent, so a reader gets the number the caller sent: decoding into float64 first
+// turned a ticket id 1234567 into 1.234567e+06 and 2^53+1 into 2^53. It fails for
+// attributes that are not a JSON object.
+func BindingYAMLWithAttributes(subject, target, operationID string, expiresAt *time.Time, attributes json.RawMessage) (string, error) {
+	doc := bindingDocAttrs{bindingDoc: bindingDoc{Subject: subject, Target: target, OperationID: operationID}}
 	if expiresAt != nil {
 		doc.ExpiresAt = expiresAt.UTC().Format(time.RFC3339)
+	}
+	if t := bytes.TrimSpace(attributes); len(t) > 0 && !bytes.Equal(t, []byte("null")) {
+		dec := json.NewDecoder(bytes.NewReader(t))
+		dec.UseNumber()
+		var attrs map[string]any
+		if err := dec.Decode(&attrs); err != nil {
+			return "", fmt.Errorf("mr: attributes are not a JSON object: %w", err)
+		}
+		yamlValues(attrs) // in place
+		doc.Attributes = attrs
 	}
 	out, err := marshalYAML(doc)
 	if err != nil {
 		return "", err
 	}
 	return fileHeader + out, nil
+}
+
+// CheckAttributeNumber says whether a number in an operation's attributes can be
+// written to its binding file as the same number for every reader: an integer that
+// fits 64 bits, or another number a 64-bit float holds (not 1e999). The API refuses
+// the others when the operation is created.
+func CheckAttributeNumber(n json.Number) error {
+	s := string(n)
+	if isJSONInteger(s) {
+		if _, err := strconv.ParseInt(s, 10, 64); err != nil {
+			return fmt.Errorf("the integer %s does not fit in 64 bits", s)
+		}
+		return nil
+	}
+	if _, err := strconv.ParseFloat(s, 64); err != nil {
+		return fmt.Errorf("the number %s is out of a 64-bit float's range", s)
+	}
+	return nil
+}
+
+// yamlValues replaces the json.Numbers in a decoded JSON value with YAML scalars.
+func yamlValues(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			x[k] = yamlValues(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = yamlValues(e)
+		}
+	case json.Number:
+		return numberNode(string(x))
+	}
+	return v
+}
+
+// numberNode writes a JSON number as a plain YAML scalar that YAML 1.2 and 1.1
+// readers (PyYAML, Ruby) both read as that number: integers as sent; other numbers
+// with their digits as sent, but with a decimal point and a signed exponent, because
+// YAML 1.1 reads "1e5" or "1.5e3" as strings.
+func numberNode(n string) *yaml.Node {
+	if isJSONInteger(n) {
+		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: n}
+	}
+	mant, exp, hasExp := strings.Cut(strings.ToLower(n), "e")
+	if !strings.Contains(mant, ".") {
+		mant += ".0"
+	}
+	if hasExp {
+		if exp[0] != '+' && exp[0] != '-' {
+			exp = "+" + exp
+		}
+		mant += "e" + exp
+	}
+	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!float", Value: mant}
+}
+
+// isJSONInteger reports whether a JSON number has neither a fraction nor an exponent.
+func isJSONInteger(n string) bool {
+	return !strings.ContainsAny(n, ".eE")
 }
 
 // fileHeader tells a reader of the repository where the file comes from.

@@ -2,6 +2,7 @@ package mr_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -653,7 +654,7 @@ func TestRateLimitWaitedOut(t *testing.T) {
 
 func TestBindingYAMLWithAttributes(t *testing.T) {
 	exp := time.Date(2031, 5, 6, 7, 8, 9, 0, time.FixedZone("x", 3600))
-	out, err := mr.BindingYAMLWithAttributes("s", "t", "op", &exp, map[string]any{"ticket": "ABC-1", "n": 2})
+	out, err := mr.BindingYAMLWithAttributes("s", "t", "op", &exp, json.RawMessage(`{"ticket":"ABC-1","n":2}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -665,13 +666,58 @@ func TestBindingYAMLWithAttributes(t *testing.T) {
 	if err := yaml.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatal(err)
 	}
-	if doc.Subject != "s" || doc.ExpiresAt != "2031-05-06T06:08:09Z" || doc.Attributes["ticket"] != "ABC-1" {
+	if doc.Subject != "s" || doc.ExpiresAt != "2031-05-06T06:08:09Z" || doc.Attributes["ticket"] != "ABC-1" || doc.Attributes["n"] != 2 {
 		t.Fatalf("%+v\n%s", doc, out)
 	}
-	if plain, _ := mr.BindingYAMLWithAttributes("s", "t", "op", nil, nil); plain != mr.BindingYAML("s", "t", "op", nil) {
-		t.Fatalf("without attributes the two renderings differ:\n%s", plain)
+	for _, empty := range []json.RawMessage{nil, json.RawMessage("null"), json.RawMessage(" ")} {
+		if plain, _ := mr.BindingYAMLWithAttributes("s", "t", "op", nil, empty); plain != mr.BindingYAML("s", "t", "op", nil) {
+			t.Fatalf("attributes %q: the two renderings differ:\n%s", empty, plain)
+		}
 	}
-	if _, err := mr.BindingYAMLWithAttributes("s", "t", "op", nil, map[string]any{"f": func() {}}); err == nil {
-		t.Fatal("an unrepresentable attribute did not fail")
+	if _, err := mr.BindingYAMLWithAttributes("s", "t", "op", nil, json.RawMessage(`[1]`)); err == nil {
+		t.Fatal("attributes that are not an object did not fail")
+	}
+}
+
+// Numbers reach the file as the numbers sent: digits as sent, plain scalars that a
+// YAML 1.2 reader (yaml.v3) reads back as that number and that a YAML 1.1 reader
+// (PyYAML, Ruby) does not take for strings — 1.1 wants a decimal point and a signed
+// exponent in a float.
+func TestBindingYAMLNumbers(t *testing.T) {
+	for _, c := range []struct {
+		json, line string
+		want       any // what yaml.v3 reads back
+	}{
+		{`1234567`, `ticket: 1234567`, 1234567},
+		{`9007199254740993`, `ticket: 9007199254740993`, 9007199254740993},
+		{`-42`, `ticket: -42`, -42},
+		{`0.1`, `ticket: 0.1`, 0.1},
+		{`-12.50`, `ticket: -12.50`, -12.5},
+		{`1e5`, `ticket: 1.0e+5`, 1e5},
+		{`1.5E3`, `ticket: 1.5e+3`, 1500.0},
+		{`2.5e-3`, `ticket: 2.5e-3`, 0.0025},
+	} {
+		out, err := mr.BindingYAMLWithAttributes("s", "t", "op", nil, json.RawMessage(`{"ticket":`+c.json+`,"list":[`+c.json+`]}`))
+		if err != nil {
+			t.Fatalf("%s: %v", c.json, err)
+		}
+		if !strings.Contains(out, "    "+c.line+"\n") || !strings.Contains(out, "- "+strings.TrimPrefix(c.line, "ticket: ")+"\n") {
+			t.Errorf("%s: file lacks %q (also in the list):\n%s", c.json, c.line, out)
+		}
+		var doc struct {
+			Attributes map[string]any `yaml:"attributes"`
+		}
+		if err := yaml.Unmarshal([]byte(out), &doc); err != nil {
+			t.Fatal(err)
+		}
+		if got := doc.Attributes["ticket"]; got != c.want {
+			t.Errorf("%s: read back %#v, want %#v", c.json, got, c.want)
+		}
+	}
+	for n, ok := range map[string]bool{"1234567": true, "9223372036854775807": true, "9223372036854775808": false,
+		"-9223372036854775809": false, "1e308": true, "1e999": false, "-1e999": false, "0.5": true, "1e-999": true} {
+		if err := mr.CheckAttributeNumber(json.Number(n)); (err == nil) != ok {
+			t.Errorf("CheckAttributeNumber(%s) = %v, want ok=%v", n, err, ok)
+		}
 	}
 }

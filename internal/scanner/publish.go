@@ -2,7 +2,6 @@ package scanner
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -291,14 +290,7 @@ func fileActions(members []store.Operation) ([]mr.FileAction, error) {
 
 // bindingFile renders a grant's file, with the operation's attributes when it has any.
 func bindingFile(op store.Operation) (string, error) {
-	if len(op.Attributes) == 0 || string(op.Attributes) == "null" {
-		return mr.BindingYAML(op.Subject, op.Target, op.OperationID, op.ExpiresAt), nil
-	}
-	var attrs map[string]any
-	if err := json.Unmarshal(op.Attributes, &attrs); err != nil {
-		return "", err
-	}
-	return mr.BindingYAMLWithAttributes(op.Subject, op.Target, op.OperationID, op.ExpiresAt, attrs)
+	return mr.BindingYAMLWithAttributes(op.Subject, op.Target, op.OperationID, op.ExpiresAt, op.Attributes)
 }
 
 func mrTitle(b store.Batch, members []store.Operation) string {

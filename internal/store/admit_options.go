@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"sync"
 	"time"
@@ -121,6 +122,9 @@ func (s *Store) AdmitStats() AdmitStats {
 
 // admit runs one OperationCreate through the configured mode.
 func (s *Store) admit(ctx context.Context, p OperationCreateParams) (Operation, bool, error) {
+	if err := p.checkStorable(); err != nil {
+		return Operation{}, false, err
+	}
 	a := s.admitter()
 	a.mu.Lock()
 	mode := a.opts.Mode
@@ -145,4 +149,20 @@ func (s *Store) admit(ctx context.Context, p OperationCreateParams) (Operation, 
 		return Operation{}, false, r.err
 	}
 	return r.op, true, nil
+}
+
+// checkStorable refuses what the database cannot hold before the request meets others:
+// the driver refuses to send a time past year 9999, and inside an admission group that
+// refusal would fail every request in the group with an unknown outcome.
+func (p OperationCreateParams) checkStorable() error {
+	if p.ExpiresAt == nil {
+		return nil
+	}
+	switch y := p.ExpiresAt.UTC().Year(); {
+	case y > 9999:
+		return fmt.Errorf("%w: expires_at is past 9999-12-31T23:59:59Z, the latest time the database can store", ErrInvalidRequest)
+	case y < 1:
+		return ErrExpiresInPast
+	}
+	return nil
 }

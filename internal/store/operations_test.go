@@ -1167,3 +1167,41 @@ func TestAdmissionOnPoolOfOne(t *testing.T) {
 		}
 	})
 }
+
+// An expiry DATETIME(6) cannot hold (past 9999-12-31 in UTC) is refused for the one
+// request that carries it, before it can join an admission group: the driver refuses
+// to send such a time, and inside a group that refusal used to read as "commit outcome
+// unknown" for every request admitted with it.
+func TestOperationExpiresBeyondDatetime(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := context.Background()
+	far := time.Date(9999, 12, 31, 23, 30, 0, 0, time.FixedZone("-01:00", -3600)) // year 10000 in UTC
+	for round := 0; round < 5; round++ {
+		var wg sync.WaitGroup
+		errs := make([]error, 30)
+		start := make(chan struct{})
+		for i := range errs {
+			p := grant(fmt.Sprintf("far-%d-%d", round, i), "x")
+			if i == 0 {
+				p.ExpiresAt = &far
+			}
+			wg.Go(func() {
+				<-start
+				_, _, errs[i] = st.OperationCreate(ctx, p)
+			})
+		}
+		close(start)
+		wg.Wait()
+		if !errors.Is(errs[0], store.ErrInvalidRequest) {
+			t.Fatalf("round %d: expiry in year 10000: err = %v, want ErrInvalidRequest", round, errs[0])
+		}
+		for i, err := range errs[1:] {
+			if err != nil {
+				t.Fatalf("round %d: request %d admitted alongside it: %v", round, i+1, err)
+			}
+		}
+	}
+	if bs, _ := st.BindingList(ctx, "far-0-0", "", 10); len(bs) != 0 {
+		t.Fatal("refused application wrote a binding")
+	}
+}
