@@ -474,6 +474,19 @@ func TestBatchesRoundsSettleWebhook(t *testing.T) {
 	if r := hook(hookSecret, "batcherd/batch-999999"); r.status != 204 {
 		t.Fatalf("webhook for unknown batch: %d", r.status)
 	}
+	// GitLab sends the MR's description (and on an update the previous one) with the
+	// event: a large batch's is far over the API's 64 KiB body limit.
+	if _, err := e.st.DB().Exec("UPDATE merge_batch SET next_check_at = CURRENT_TIMESTAMP(6) + INTERVAL 1 HOUR WHERE id = ?", res2.BatchID); err != nil {
+		t.Fatal(err)
+	}
+	desc := strings.Repeat("- 2f1c6a8e-0000-4000-8000-000000000000 grant `someone` → `db/prod`\n", 2000) // ~140 KB
+	big, _ := json.Marshal(map[string]any{"object_kind": "merge_request",
+		"object_attributes": map[string]any{"source_branch": store.BranchName(res2.BatchID), "description": desc},
+		"changes":           map[string]any{"description": map[string]any{"previous": desc, "current": desc}}})
+	r := e.do(req{method: "POST", path: "/v1/webhooks/gitlab", header: map[string]string{"X-Gitlab-Token": hookSecret}, body: string(big)})
+	if r.status != 204 || !due() {
+		t.Fatalf("webhook of %d bytes: %d %s due=%v", len(big), r.status, r.raw, due())
+	}
 }
 
 func TestWebhookDisabledWithoutSecret(t *testing.T) {

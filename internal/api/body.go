@@ -14,7 +14,11 @@ import (
 // readBody reads a request body of at most cfg.MaxBodyBytes. An empty body returns
 // nil. A non-empty body must be declared JSON (415 otherwise); a larger one is 413.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	max := s.cfg.MaxBodyBytes
+	return readBodyMax(w, r, s.cfg.MaxBodyBytes)
+}
+
+// readBodyMax is readBody with its own limit.
+func readBodyMax(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error) {
 	if r.ContentLength > max {
 		return nil, errf(http.StatusRequestEntityTooLarge, codePayloadTooLarge, "request body is larger than %d bytes", max)
 	}

@@ -22,11 +22,18 @@ type gitlabEvent struct {
 	} `json:"merge_request"` // pipeline events for an MR
 }
 
+// webhookMaxBodyBytes bounds a webhook payload. It is not the API's 64 KiB: GitLab sends
+// the whole MR with the event — its description (up to a million characters; batcherd's
+// own list every member, 50–80 KiB for 500 members) and, on an update, the previous
+// description too — and refusing it loses the hint and gets the hook disabled. Only a
+// caller that passed the X-Gitlab-Token check gets this far.
+const webhookMaxBodyBytes = 16 << 20
+
 // handleWebhook: POST /v1/webhooks/gitlab. Always 204 once authenticated and parsed:
 // GitLab disables hooks that keep failing, and a missed hint costs only latency (the
 // reconcile loop polls anyway).
 func (s *Server) handleWebhook(w http.ResponseWriter, r *http.Request) error {
-	body, err := s.readBody(w, r)
+	body, err := readBodyMax(w, r, webhookMaxBodyBytes)
 	if err != nil {
 		return err
 	}
