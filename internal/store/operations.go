@@ -479,16 +479,29 @@ func (s *Store) BindingList(ctx context.Context, subject, target string, limit i
 }
 
 // BindingsExpired returns active bindings whose expires_at has passed (DB clock),
-// oldest expiry first. Read without locks: BindingExpire takes each with a guard.
+// oldest expiry first, except those whose revoke failed. Read without locks:
+// BindingExpire takes each with a guard.
+//
+// A failed revoke leaves its binding active, expired and owned by that revoke. Expiring
+// it again would admit a new revoke every pass for ever — each with fresh attempts, so
+// neither BATCHERD_MAX_ATTEMPTS nor a human closing the MR would stop it — and would
+// make the failed revoke stale for the operator's retry, which is where it belongs.
 func (s *Store) BindingsExpired(ctx context.Context, limit int) ([]Binding, error) {
 	if limit <= 0 {
 		limit = 100
 	}
 	out := []Binding{}
-	err := s.db.SelectContext(ctx, &out, `SELECT `+bindingCols+` FROM binding
-		WHERE status = ? AND expires_at <= CURRENT_TIMESTAMP(6)
-		ORDER BY expires_at, id LIMIT ?`, BindingActive, limit)
+	err := s.db.SelectContext(ctx, &out, `SELECT `+bindingColsOf("b")+` FROM binding b
+		LEFT JOIN operation o ON o.operation_id = b.operation_id
+		WHERE b.status = ? AND b.expires_at <= CURRENT_TIMESTAMP(6)
+		  AND NOT (o.action <=> ? AND o.status <=> ?)
+		ORDER BY b.expires_at, b.id LIMIT ?`, BindingActive, ActionRevoke, OpFailed, limit)
 	return out, translate(err)
+}
+
+// bindingColsOf is bindingCols qualified with a table alias.
+func bindingColsOf(alias string) string {
+	return alias + "." + strings.ReplaceAll(bindingCols, ", ", ", "+alias+".")
 }
 
 // BindingExpire creates and admits a revoke operation for an expired binding, guarded
@@ -498,6 +511,21 @@ func (s *Store) BindingsExpired(ctx context.Context, limit int) ([]Binding, erro
 func (s *Store) BindingExpire(ctx context.Context, b Binding, operationID string) (Operation, error) {
 	var out Operation
 	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
+		// The binding's own operation (a plain read): a binding whose revoke failed is
+		// not expired again (BindingsExpired). The guard on its version below keeps this
+		// true until the write: the binding moves (and its version with it) whenever
+		// that operation does.
+		var owner struct {
+			Action Action   `db:"action"`
+			Status OpStatus `db:"status"`
+		}
+		switch err := tx.GetContext(ctx, &owner, `SELECT action, status FROM operation WHERE operation_id = ?`, b.OperationID); {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return err
+		case owner.Action == ActionRevoke && owner.Status == OpFailed:
+			return fmt.Errorf("%w: binding's revoke %s failed; it is the operator's to retry", ErrLostRace, b.OperationID)
+		}
 		// Operation first (lock order); the guarded binding write decides, and a loser
 		// rolls the operation row back with it.
 		if _, err := tx.ExecContext(ctx, `INSERT INTO operation

@@ -526,6 +526,30 @@ func TestBindingExpiry(t *testing.T) {
 	if waitingRows(t, st, rop.OperationID) != 1 {
 		t.Fatal("expiry revoke not admitted")
 	}
+
+	// The revoke fails (its batch fails): the binding is back to active, still expired,
+	// still owned by the failed revoke. Expiring it again would start a new revoke every
+	// pass for ever, each with fresh attempts, and make the failed one stale to retry;
+	// a failed revoke is the operator's to retry.
+	res := btClaim(t, st, testRepo, 10, store.ClaimClaimed)
+	if _, err := st.BatchSettleFailed(ctx, res.BatchID, store.BatchRunning, 1, "closed_by_user", "closed"); err != nil {
+		t.Fatal(err)
+	}
+	if b := bindingOf(t, st, "liam", "t"); b.Status != store.BindingActive || b.OperationID != rop.OperationID {
+		t.Fatalf("after the failed revoke: binding %+v", b)
+	}
+	if got, _ := st.OperationGet(ctx, rop.OperationID); got.Status != store.OpFailed {
+		t.Fatalf("revoke after its batch failed: %s", got.Status)
+	}
+	if bs, err := st.BindingsExpired(ctx, 10); err != nil || len(bs) != 0 {
+		t.Fatalf("a binding whose revoke failed is expired again: %+v %v", bs, err)
+	}
+	if _, err := st.BindingExpire(ctx, bindingOf(t, st, "liam", "t"), uuid.NewString()); !errors.Is(err, store.ErrLostRace) {
+		t.Fatalf("expiring a binding whose revoke failed: %v, want ErrLostRace", err)
+	}
+	if got, err := st.OperationRetry(ctx, rop.OperationID); err != nil || got.Status != store.OpQueued {
+		t.Fatalf("operator's retry of the failed revoke: %+v %v", got, err)
+	}
 }
 
 func TestEventRecordDedupe(t *testing.T) {
