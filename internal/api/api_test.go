@@ -435,7 +435,8 @@ func TestBatchesRoundsSettleWebhook(t *testing.T) {
 		t.Fatalf("settle unknown: %d %s", st.status, st.raw)
 	}
 
-	// Webhook: an MR event for a batch branch makes that batch due now.
+	// Webhook: an MR event for a batch branch makes that batch due now, once its MR is
+	// recorded (before, next_check_at is its publisher's reservation: left alone).
 	e.exec(`UPDATE merge_batch SET next_check_at = CURRENT_TIMESTAMP(6) + INTERVAL 1 HOUR WHERE id = ?`, res2.BatchID)
 	due := func() bool {
 		var ok bool
@@ -464,6 +465,11 @@ func TestBatchesRoundsSettleWebhook(t *testing.T) {
 	if e.kicks.Load() != 0 {
 		t.Fatalf("rejected or ignored webhooks woke the scanner %d time(s)", e.kicks.Load())
 	}
+	if r := hook(hookSecret, store.BranchName(res2.BatchID)); r.status != 204 || due() {
+		t.Fatalf("webhook for a batch without an MR: %d %s due=%v", r.status, r.raw, due())
+	}
+	e.exec(`UPDATE merge_batch SET mr_iid = 7 WHERE id = ?`, res2.BatchID)
+	e.kicks.Store(0)
 	if r := hook(hookSecret, store.BranchName(res2.BatchID)); r.status != 204 || !due() || e.kicks.Load() != 1 {
 		t.Fatalf("webhook: %d %s due=%v kicks=%d", r.status, r.raw, due(), e.kicks.Load())
 	}

@@ -785,14 +785,20 @@ func (s *Store) BatchReserve(ctx context.Context, id, version int64, lease time.
 		"next_check_at = CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND", "status IN (1, 4)", micros(lease))
 }
 
-// BatchMarkDue makes an active batch due for a check now (webhook hint). It does not
-// bump version: it is a scheduling hint, and bumping would make an in-flight publish
-// lose its guarded MR write.
+// BatchMarkDue makes an active batch with a recorded MR due for a check now (webhook
+// hint). It does not bump version: it is a scheduling hint, and bumping would make an
+// in-flight publish lose its guarded MR write.
+//
+// A batch without a recorded MR is left alone: its next_check_at is its publisher's
+// reservation, which the timeout sweep honours, and a hint that lapsed it (GitLab sends
+// pipeline events for the branch before the MR exists) let the sweep fail the batch
+// under a live publisher, which then opened an MR for a FAILED batch. Reconcile needs
+// the MR anyway; publish wakes it once the MR is recorded.
 func (s *Store) BatchMarkDue(ctx context.Context, id int64) error {
 	// Not a state write, so neither version nor updated_at moves. A batch that is no
 	// longer active is simply not touched: a late hint is not an error.
 	_, err := s.exec1(ctx,
-		"UPDATE merge_batch SET next_check_at = CURRENT_TIMESTAMP(6) WHERE id = ? AND status IN (1, 4)", id)
+		"UPDATE merge_batch SET next_check_at = CURRENT_TIMESTAMP(6) WHERE id = ? AND status IN (1, 4) AND mr_iid IS NOT NULL", id)
 	return err
 }
 

@@ -1008,6 +1008,16 @@ func TestSweepReads(t *testing.T) {
 	if due, err := st.BatchesDue(ctx, 10); err != nil || len(due) != 0 {
 		t.Fatalf("a reserved batch is still due: %+v, %v", due, err)
 	}
+	// A hint for a batch without an MR leaves its (publish) reservation alone.
+	if err := st.BatchMarkDue(ctx, b.ID); err != nil {
+		t.Fatal(err)
+	}
+	if due, err := st.BatchesDue(ctx, 10); err != nil || len(due) != 0 {
+		t.Fatalf("a hint made a batch without an MR due: %+v, %v", due, err)
+	}
+	if b, err = st.BatchRecordMR(ctx, b.ID, b.Version, store.MRRecord{IID: 3, URL: "http://x/3", SHA: "abc"}); err != nil {
+		t.Fatal(err)
+	}
 	if err := st.BatchMarkDue(ctx, b.ID); err != nil {
 		t.Fatal(err)
 	}

@@ -40,10 +40,20 @@ func TestTimedOutSkipsALivePublishReservation(t *testing.T) {
 	if out := timedOut(); len(out) != 0 {
 		t.Fatalf("batch without MR under a live publish reservation: %+v, want none", out)
 	}
-	// The reservation lapses (here: a scheduling hint makes it due at once).
+	// A webhook hint (GitLab sends pipeline events for the branch before the MR exists)
+	// does not lapse the publisher's reservation.
 	if err := st.BatchMarkDue(ctx, b.ID); err != nil {
 		t.Fatal(err)
 	}
+	if out := timedOut(); len(out) != 0 {
+		t.Fatalf("a webhook hint lapsed a live publish reservation: %+v, want none", out)
+	}
+	// The reservation lapses.
+	b, err = st.BatchReserve(ctx, b.ID, b.Version, time.Microsecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Millisecond)
 	if out := timedOut(); len(out) != 1 {
 		t.Fatalf("lapsed reservation: %+v, want the batch", out)
 	}
