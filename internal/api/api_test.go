@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
 )
@@ -434,6 +435,25 @@ func TestBatchesRoundsSettleWebhook(t *testing.T) {
 	if st := e.post("/v1/admin/batches/999999/settle", adminToken); st.status != 404 {
 		t.Fatalf("settle unknown: %d %s", st.status, st.raw)
 	}
+	// What GitLab answered reaches the operator who asked to settle, not a bare 500.
+	for _, c := range []struct {
+		err              error
+		status           int
+		code, say, retry string
+	}{
+		{&mr.Error{Op: "close_mr", Class: mr.ClassPermanent, Status: 403, Message: "403 Forbidden"}, 502, "gitlab_error", "403 Forbidden", ""},
+		{&mr.Error{Op: "get_mr", Class: mr.ClassTransient, Status: 502, Message: "502 Bad Gateway"}, 503, "unavailable", "502 Bad Gateway", ""},
+		{&mr.Error{Op: "get_mr", Class: mr.ClassTransient, Status: 429, Message: "429 Too Many Requests", RetryAfter: 20 * time.Second}, 503, "unavailable", "429", "20"},
+		{fmt.Errorf("settle batch 1: MR !7 is locked (merging): %w", mr.ErrStillOpen), 409, "conflict", "still open", ""},
+	} {
+		e.settler.err = fmt.Errorf("settle: %w", c.err)
+		r := e.post(fmt.Sprintf("/v1/admin/batches/%d/settle", res2.BatchID), adminToken)
+		if r.status != c.status || r.errCode() != c.code || !strings.Contains(string(r.raw), c.say) || r.header.Get("Retry-After") != c.retry {
+			t.Errorf("settle failing with %v: %d %s Retry-After=%q, want %d %s %q Retry-After=%q",
+				c.err, r.status, r.raw, r.header.Get("Retry-After"), c.status, c.code, c.say, c.retry)
+		}
+	}
+	e.settler.err = nil
 
 	// Webhook: an MR event for a batch branch makes that batch due now, once its MR is
 	// recorded (before, next_check_at is its publisher's reservation: left alone).

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"time"
 
+	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/store"
 )
 
@@ -27,6 +30,7 @@ const (
 	codeIdempotencyReused    = "idempotency_key_reused"
 	codeInternal             = "internal"
 	codeUnavailable          = "unavailable"
+	codeGitLab               = "gitlab_error"
 )
 
 // apiError is an error with the HTTP status and code it is answered with.
@@ -91,6 +95,23 @@ func (s *Server) toAPIError(err error) *apiError {
 			"the database connection broke during commit; read the resource to learn the outcome")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return wrap(http.StatusServiceUnavailable, codeUnavailable, "request cancelled or timed out")
+	case errors.Is(err, mr.ErrStillOpen):
+		return wrap(http.StatusConflict, codeConflict,
+			"the merge request is still open after closing it (GitLab is merging it, or someone reopened it); settle again in a minute")
+	}
+	// GitLab's answer reaches the operator who asked (admin settle): GitLab's message
+	// is kept by the mr package, and never carries the token.
+	var ge *mr.Error
+	if errors.As(err, &ge) {
+		if ge.Class == mr.ClassTransient {
+			a := wrap(http.StatusServiceUnavailable, codeUnavailable, "GitLab is unavailable, retry later: "+ge.Error())
+			if ge.RetryAfter > 0 {
+				a.header = [2]string{"Retry-After", strconv.Itoa(int(ge.RetryAfter.Round(time.Second) / time.Second))}
+			}
+			return a
+		}
+		return wrap(http.StatusBadGateway, codeGitLab,
+			"GitLab refused the request; check the token's access to the project and the MR: "+ge.Error())
 	}
 	return wrap(http.StatusInternalServerError, codeInternal, "internal error")
 }

@@ -105,6 +105,11 @@ func (e *Error) Error() string {
 }
 func (e *Error) Unwrap() error { return e.Err }
 
+// ErrStillOpen: a merge request batcherd closed is still open when read back (it was
+// reopened in between, or GitLab is merging it and refuses to close it). Retrying later
+// settles it either way.
+var ErrStillOpen = errors.New("merge request still open after closing it")
+
 // ClassOf returns the class of err (ClassNone for nil or non-GitLab errors; a context
 // deadline on a call is transient).
 func ClassOf(err error) Class {

@@ -2,7 +2,6 @@ package scanner
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -22,10 +21,8 @@ const (
 	CodeEmptyBatch   = "empty_batch"
 )
 
-// errStillOpen: the MR is still open after we closed it (reopened in between, or
-// GitLab answered stale). Settling FAILED now could let it merge behind a failed
-// batch, so the settle is retried later.
-var errStillOpen = errors.New("merge request still open after closing it")
+// errStillOpen is mr.ErrStillOpen, the answer the admin API turns into a 409.
+var errStillOpen = mr.ErrStillOpen
 
 // settleFailure settles an active batch b (whose version the caller just read or
 // reserved) as failed with the classified failure f, and applies the failure policy to
