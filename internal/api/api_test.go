@@ -742,6 +742,25 @@ func TestMetricsHistoryOnItsOwnClock(t *testing.T) {
 	eventually(`batcherd_metrics_sample_failed 0`, `batcherd_operations{status="merged"} 1`, `batcherd_operations{status="queued"} 2`)
 }
 
+// What the strict body checks must still let through: a surrogate pair escaped as
+// such, an escaped backslash before "u", other escapes, attribute keys that differ only
+// in case (attributes are free-form and case-sensitive), and the same key in
+// different objects.
+func TestJSONTextAccepted(t *testing.T) {
+	e := newEnv(t, nil)
+	for _, c := range []struct{ body, subject string }{
+		{`{"subject":"a\ud83d\ude00","target":"t","action":"grant"}`, "a😀"},
+		{`{"subject":"b\\ud800","target":"t","action":"grant"}`, `b\ud800`},
+		{`{"subject":"c\"\/\u00e9","target":"t","action":"grant"}`, `c"/é`},
+		{`{"subject":"d","target":"t","action":"grant","attributes":{"Ticket":1,"ticket":2,"x":{"ticket":3}}}`, "d"},
+	} {
+		r := e.do(req{method: "POST", path: "/v1/operations", token: apiToken, body: c.body})
+		if r.status != http.StatusCreated || r.op()["subject"] != c.subject {
+			t.Errorf("%s: %d %s, want 201 with subject %q", c.body, r.status, r.raw, c.subject)
+		}
+	}
+}
+
 // Every bad input gets its status and a JSON error, and writes nothing.
 func TestBadInput(t *testing.T) {
 	e := newEnv(t, nil)
@@ -782,6 +801,11 @@ func TestBadInput(t *testing.T) {
 		{"two objects", req{body: ok("") + ok("")}, 400, "invalid_json"},
 		{"empty body", req{body: "", contentType: "application/json"}, 400, "invalid_json"},
 		{"unknown field", req{body: ok(`,"color":"red"`)}, 400, "unknown_field"},
+		{"a field twice", req{body: ok(`,"subject":"x"`)}, 400, "invalid_json"},
+		{"a field twice, in another case", req{body: ok(`,"SUBJECT":"x"`)}, 400, "invalid_json"},
+		{"an attribute twice", req{body: ok(`,"attributes":{"a":{"k":1,"k":2}}`)}, 400, "invalid_json"},
+		{"half a surrogate pair", req{body: `{"subject":"\udc00abc","target":"t","action":"grant"}`}, 400, "invalid_json"},
+		{"a high surrogate alone", req{body: `{"subject":"a\ud83dbc","target":"t","action":"grant"}`}, 400, "invalid_json"},
 		{"missing subject", req{body: `{"target":"t","action":"grant"}`}, 400, "invalid_request"},
 		{"empty subject", req{body: `{"subject":"","target":"t","action":"grant"}`}, 400, "invalid_request"},
 		{"subject not a string", req{body: `{"subject":5,"target":"t","action":"grant"}`}, 400, "invalid_request"},
