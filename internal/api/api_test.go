@@ -245,7 +245,10 @@ func TestOperationLifecycle(t *testing.T) {
 		t.Fatalf("filtered bindings: %s", b.raw)
 	}
 
-	a := e.post("/v1/operations/"+id+"/approve", apiToken)
+	// No body is needed, and one sent — of any type, here an approval tool's form
+	// comment — is ignored.
+	a := e.do(req{method: "POST", path: "/v1/operations/" + id + "/approve", token: apiToken,
+		body: "comment=looks+good", contentType: "application/x-www-form-urlencoded"})
 	if a.status != 200 || a.op()["status"] != "queued" {
 		t.Fatalf("approve: %d %s", a.status, a.raw)
 	}
@@ -845,6 +848,7 @@ func TestBadInput(t *testing.T) {
 		{"unknown operation", req{method: "GET", path: "/v1/operations/00000000-0000-4000-8000-000000000000"}, 404, "not_found"},
 		{"operation id not a uuid", req{method: "GET", path: "/v1/operations/nope"}, 404, "not_found"},
 		{"approve unknown", req{method: "POST", path: "/v1/operations/00000000-0000-4000-8000-000000000000/approve"}, 404, "not_found"},
+		{"approve with a body over 64 KiB", req{method: "POST", path: "/v1/operations/" + known + "/approve", body: big, contentType: "text/plain"}, 413, "payload_too_large"},
 		{"reject unknown", req{method: "POST", path: "/v1/operations/00000000-0000-4000-8000-000000000000/reject"}, 404, "not_found"},
 		{"retry unknown", req{method: "POST", path: "/v1/operations/00000000-0000-4000-8000-000000000000/retry"}, 404, "not_found"},
 		{"events of unknown", req{method: "GET", path: "/v1/operations/00000000-0000-4000-8000-000000000000/events"}, 404, "not_found"},

@@ -129,7 +129,7 @@ func (s *Server) handleAdminSettle(w http.ResponseWriter, r *http.Request) error
 	if !ok {
 		return errf(http.StatusNotFound, codeNotFound, "batch %q not found", r.PathValue("id"))
 	}
-	if _, err := s.readBody(w, r); err != nil {
+	if err := s.discardBody(w, r); err != nil {
 		return err
 	}
 	if s.settler == nil {

@@ -17,6 +17,23 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	return readBodyMax(w, r, s.cfg.MaxBodyBytes)
 }
 
+// discardBody reads and drops the body of a route that takes none, whatever its type
+// (an approval tool posting a form comment is not refused), bounded like readBody.
+func (s *Server) discardBody(w http.ResponseWriter, r *http.Request) error {
+	max := s.cfg.MaxBodyBytes
+	if r.ContentLength > max {
+		return errf(http.StatusRequestEntityTooLarge, codePayloadTooLarge, "request body is larger than %d bytes", max)
+	}
+	if _, err := io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, max)); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return errf(http.StatusRequestEntityTooLarge, codePayloadTooLarge, "request body is larger than %d bytes", max)
+		}
+		return errf(http.StatusBadRequest, codeInvalidRequest, "cannot read request body")
+	}
+	return nil
+}
+
 // readBodyMax is readBody with its own limit.
 func readBodyMax(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error) {
 	if r.ContentLength > max {

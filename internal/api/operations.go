@@ -147,7 +147,7 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request, fn func(context.
 	if err != nil {
 		return err
 	}
-	if _, err := s.readBody(w, r); err != nil {
+	if err := s.discardBody(w, r); err != nil {
 		return err
 	}
 	op, err := fn(r.Context(), id)
