@@ -252,6 +252,10 @@ func TestOperationLifecycle(t *testing.T) {
 	if a.status != 200 || a.op()["status"] != "queued" {
 		t.Fatalf("approve: %d %s", a.status, a.raw)
 	}
+	// An id in upper case is the same id.
+	if g := e.do(req{method: "GET", path: "/v1/operations/" + strings.ToUpper(id), token: apiToken}); g.status != 200 || g.op()["id"] != id {
+		t.Fatalf("get by upper-case id: %d %s", g.status, g.raw)
+	}
 	// Idempotent: the same decision again is 200 and changes nothing.
 	a2 := e.post("/v1/operations/"+id+"/approve", apiToken)
 	if a2.status != 200 || a2.op()["updated_at"] != a.op()["updated_at"] {

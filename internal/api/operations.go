@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -106,13 +107,15 @@ func (s *Server) validateCreate(req createRequest) (store.OperationCreateParams,
 }
 
 // opID reads the {id} path value. A value that cannot be an operation id is simply an
-// unknown operation (404), like any id that is not stored.
+// unknown operation (404), like any id that is not stored. UUIDs are case-insensitive
+// on input (RFC 9562) and batcherd stores them in lower case, so an id sent in upper
+// case (as .NET and SQL Server print GUIDs) finds its operation.
 func opID(r *http.Request) (string, error) {
 	id := r.PathValue("id")
 	if uuid.Validate(id) != nil || len(id) != 36 {
 		return "", errf(http.StatusNotFound, codeNotFound, "operation %q not found", id)
 	}
-	return id, nil
+	return strings.ToLower(id), nil
 }
 
 func (s *Server) handleGetOperation(w http.ResponseWriter, r *http.Request) error {
