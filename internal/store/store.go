@@ -216,16 +216,28 @@ func (s *Store) withTx(ctx context.Context, iso sql.IsolationLevel, fn func(tx *
 		// Always roll back ourselves: 1213 rolled the transaction back already, but 1205
 		// rolled back only the statement and leaves locks held until we end it.
 		_ = tx.Rollback()
-		return translate(err)
+		return translate(txDone(ctx, err))
 	}
 	if err := tx.Commit(); err != nil {
 		if isConnLost(err) {
 			storeErrors.WithLabelValues("commit_unknown").Inc()
 			return fmt.Errorf("%w: %v", ErrCommitUnknown, err)
 		}
-		return translate(err)
+		return translate(txDone(ctx, err))
 	}
 	return nil
+}
+
+// txDone reports sql.ErrTxDone as the context's error once the context has ended.
+// database/sql rolls a transaction back by itself when its context is cancelled, so a
+// cancel that lands after the last statement makes Commit answer ErrTxDone: the
+// transaction was cancelled, not failed, and callers must see context.Canceled to
+// treat it as the shutdown (or abandoned step) it is rather than log it as an error.
+func txDone(ctx context.Context, err error) error {
+	if errors.Is(err, sql.ErrTxDone) && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
 }
 
 // translate maps driver errors to domain errors, keeping the original wrapped for logs.
