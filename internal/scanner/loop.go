@@ -45,17 +45,20 @@ func (s *Scanner) runLoop(stop, work context.Context, l loopSpec) {
 	for stop.Err() == nil {
 		err := s.runPass(work, l, log)
 		var wait time.Duration
+		if l.next != nil {
+			wait = l.next(time.Now())
+		} else {
+			wait = jitter(l.every)
+		}
 		switch {
 		case err == nil || isCanceled(err):
 			failures = 0
-			if l.next != nil {
-				wait = l.next(time.Now())
-			} else {
-				wait = jitter(l.every)
-			}
 		default:
+			// Backoff only ever lengthens the wait: a loop whose interval is longer than
+			// BackoffMax (orphans, cleanup) would otherwise rerun its whole pass more
+			// often while it fails than while it succeeds, on every replica at once.
 			failures++
-			wait = backoff(s.cfg.BackoffBase, s.cfg.BackoffMax, failures)
+			wait = max(wait, backoff(s.cfg.BackoffBase, s.cfg.BackoffMax, failures))
 			log.Debug("pass failed; backing off", "failures", failures, "wait", wait)
 		}
 		if !sleep(stop, wait, l.kick) {
@@ -77,12 +80,29 @@ func (s *Scanner) runPass(ctx context.Context, l loopSpec, log *slog.Logger) (er
 		s.m.runs.WithLabelValues(l.name).Inc()
 		s.m.duration.WithLabelValues(l.name).Observe(time.Since(start).Seconds())
 	}()
-	err = l.run(ctx)
+	err = l.run(withLoop(ctx, l.name))
 	if err != nil && !isCanceled(err) && !errors.Is(err, errSomeFailed) {
 		s.m.errors.WithLabelValues(l.name, errClass(err)).Inc()
 		log.Warn("loop pass failed", "err", err, "class", errClass(err))
 	}
 	return err
+}
+
+// loopKey is the context key under which runPass names the loop whose pass runs, so
+// forEach can name it when one of the pass's items panics.
+type loopKey struct{}
+
+func withLoop(ctx context.Context, name string) context.Context {
+	return context.WithValue(ctx, loopKey{}, name)
+}
+
+// loopOf names the loop running ctx's pass; "unknown" when the pass was not started by
+// runPass (tests call runOnce directly).
+func loopOf(ctx context.Context) string {
+	if name, ok := ctx.Value(loopKey{}).(string); ok {
+		return name
+	}
+	return "unknown"
 }
 
 // itemErr logs and counts the failure of one item (batch, binding, MR) of a pass.

@@ -32,19 +32,26 @@ type orphanLoop struct {
 }
 
 func (l *orphanLoop) runOnce(ctx context.Context) error {
-	var errs []error
+	// Each repository is an item of the pass: one that cannot be listed (an archived
+	// project, lost access) is logged and counted with its name and fails the pass only
+	// when every repository failed. Failing the pass for it would make the loop back
+	// off and keep reporting the pass as failed while the other repositories were swept
+	// fine, on every replica, for as long as that one repository stays broken.
+	started, failed := 0, 0
 	for _, repo := range l.cfg.repos {
 		if ctx.Err() != nil || l.s.stopping() {
 			break
 		}
-		if err := l.sweepOpen(ctx, repo); err != nil {
-			errs = append(errs, err)
+		started++
+		err := l.sweepOpen(ctx, repo)
+		if l.s.itemErr("orphans", l.log.With("repo", repo), "listing open batch MRs failed", err) != nil {
+			failed++
 		}
 	}
 	if err := l.sweepFailed(ctx); err != nil {
-		errs = append(errs, err)
+		return err
 	}
-	return errors.Join(errs...)
+	return passResult(started, failed)
 }
 
 // sweepOpen closes open labelled MRs of repo whose batch is not active.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -321,7 +322,7 @@ func (s *Scanner) step(ctx context.Context, name string, batchID int64) {
 
 // forEach runs fn over items with at most workers at a time, stopping early (without
 // starting new items) when ctx ends or Run is draining. It returns how many items
-// were started and how many of them failed.
+// were started and how many of them failed; an item that panicked failed.
 func forEach[T any](ctx context.Context, s *Scanner, workers int, items []T, fn func(context.Context, T) error) (started, failed int) {
 	if workers < 1 {
 		workers = 1
@@ -337,7 +338,7 @@ func forEach[T any](ctx context.Context, s *Scanner, workers int, items []T, fn 
 		started++
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if err := fn(ctx, it); err != nil {
+			if err := runItem(ctx, s, it, fn); err != nil {
 				mu.Lock()
 				failed++
 				mu.Unlock()
@@ -346,6 +347,29 @@ func forEach[T any](ctx context.Context, s *Scanner, workers int, items []T, fn 
 	}
 	wg.Wait()
 	return started, failed
+}
+
+// runItem runs fn on one item of a pass and turns a panic into the item's failure. fn
+// runs on a worker goroutine, where runPass's recover cannot reach: a panic left to
+// unwind there would end the process, so one bad batch would take the whole replica
+// down (and, once the batch's reservation lapsed, the next replica to take it), and
+// the pass's other items with it.
+func runItem[T any](ctx context.Context, s *Scanner, it T, fn func(context.Context, T) error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			loop := loopOf(ctx)
+			log := s.log.With("loop", loop)
+			if b, ok := any(it).(store.Batch); ok {
+				log = batchLog(log, b)
+			} else {
+				log = log.With("item", it)
+			}
+			log.Error("loop item panicked", "panic", r, "stack", string(debug.Stack()))
+			s.m.errors.WithLabelValues(loop, "panic").Inc()
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return fn(ctx, it)
 }
 
 // isLost reports a lost race: normal between replicas, debug only.

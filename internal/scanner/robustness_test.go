@@ -1,0 +1,198 @@
+package scanner
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/batcherd/batcherd/internal/mr"
+	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
+	"github.com/batcherd/batcherd/internal/store"
+	"github.com/batcherd/batcherd/internal/store/storetest"
+)
+
+// logBuffer collects a scanner's log lines so a test can check what was reported.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// loggedScanner is e.scanner with its log lines (warn and above) kept in the returned
+// buffer.
+func (e *env) loggedScanner(name string) (*Scanner, *logBuffer) {
+	logs := &logBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return New(e.testConfig(name), e.st, e.gl, log, prometheus.NewRegistry()), logs
+}
+
+// TestPanicInWorkerFailsOnlyItsItem: a panic while publishing one batch happens on a
+// forEach worker goroutine, out of runPass's reach. It must fail that batch only
+// (logged with its id and stack, counted), not end the process, and the pass's other
+// batches must still be published. A pass whose every item panicked fails, so the
+// loop backs off.
+func TestPanicInWorkerFailsOnlyItsItem(t *testing.T) {
+	repos := []string{"platform/a", "platform/b", "platform/c"}
+	e := newEnv(t, gitlabsim.Options{}, repos...)
+	bg := context.Background()
+	s, logs := e.loggedScanner("a")
+	batches := map[string]int64{}
+	for _, r := range repos {
+		storetest.InsertQueuedOps(t, e.st, r, 1)
+		res, err := s.RunRound(bg, r)
+		if err != nil || res.Outcome != store.ClaimClaimed {
+			t.Fatalf("round %s: %+v %v", r, res, err)
+		}
+		batches[r] = res.BatchID
+	}
+	bad := batches["platform/a"]
+	var panics atomic.Int32
+	s.testHook = func(_ context.Context, step string, id int64) {
+		if step == "publish.reserved" && id == bad {
+			panics.Add(1)
+			panic("bad batch")
+		}
+	}
+	publish := loopSpec{name: "publish", run: s.publish.runOnce}
+
+	// The pass survives the panic; the other batches are published.
+	if err := s.runPass(bg, publish, s.log); err != nil {
+		t.Fatalf("a pass where one of three batches panicked returned %v, want nil", err)
+	}
+	if panics.Load() != 1 {
+		t.Fatalf("the hook panicked %d times, want 1", panics.Load())
+	}
+	for r, id := range batches {
+		b, err := e.st.BatchGet(bg, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := b.MRIID != nil, id != bad; got != want {
+			t.Errorf("batch %d of %s: MR recorded %v, want %v", id, r, got, want)
+		}
+	}
+	// The panic is reported: at Error with the batch and the stack, and counted.
+	out := logs.String()
+	for _, want := range []string{"level=ERROR", "loop item panicked", fmt.Sprintf("batch_id=%d", bad), "panic=\"bad batch\"", "loop=publish", "stack="} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
+	}
+	if n := testutil.ToFloat64(s.m.errors.WithLabelValues("publish", "panic")); n != 1 {
+		t.Errorf("publish panic errors counted: %v, want 1", n)
+	}
+
+	// Once its reservation lapses the bad batch is the pass's only item: the panic
+	// fails the whole pass.
+	var err error
+	waitUntil(t, 5*time.Second, "the bad batch to be published again", func() bool {
+		err = s.runPass(bg, publish, s.log)
+		return panics.Load() == 2
+	})
+	if !errors.Is(err, errSomeFailed) {
+		t.Errorf("a pass whose only batch panicked returned %v, want errSomeFailed", err)
+	}
+}
+
+// TestBackoffNeverShortensInterval: a loop whose interval is longer than BackoffMax
+// must not run more often while it fails than while it succeeds. A healthy and a
+// failing loop with the same interval run side by side until the healthy one has made
+// five passes; the failing one must not have made more than a couple more.
+func TestBackoffNeverShortensInterval(t *testing.T) {
+	s := New(Config{StartJitter: time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: 5 * time.Millisecond},
+		nil, nil, nil, prometheus.NewRegistry())
+	stop, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var healthy, failing atomic.Int32
+	const interval, passes = 50 * time.Millisecond, 5
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		s.runLoop(stop, context.Background(), loopSpec{name: "healthy", every: interval, run: func(context.Context) error {
+			if healthy.Add(1) == passes {
+				cancel()
+			}
+			return nil
+		}})
+	})
+	wg.Go(func() {
+		s.runLoop(stop, context.Background(), loopSpec{name: "failing", every: interval, run: func(context.Context) error {
+			failing.Add(1)
+			return errors.New("one repository keeps failing")
+		}})
+	})
+	wg.Wait()
+	if h, f := healthy.Load(), failing.Load(); f > h+2 {
+		t.Errorf("interval %s, BackoffMax 5ms: the failing loop made %d passes while the healthy one made %d", interval, f, h)
+	}
+}
+
+// TestOrphanSweepSurvivesOneBrokenRepo: one repository whose MRs cannot be listed (an
+// archived project, lost access) must not stop the sweep of the others, and must not
+// fail the pass (which would back the loop off and report it failed for as long as
+// the repository stays broken); it is logged with the repository and counted. Only a
+// pass where every repository failed fails.
+func TestOrphanSweepSurvivesOneBrokenRepo(t *testing.T) {
+	const healthy, broken = "platform/healthy", "platform/archived"
+	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, broken, healthy)
+	bg := context.Background()
+	s, logs := e.loggedScanner("a")
+
+	// An open labelled MR of a batch the database does not know: an orphan.
+	branch := store.BranchName(999999)
+	if err := e.gl.EnsureBranch(bg, healthy, branch, "main"); err != nil {
+		t.Fatal(err)
+	}
+	orphan, err := e.gl.EnsureMR(bg, healthy, mr.MRSpec{SourceBranch: branch, TargetBranch: "main", Title: "orphan"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listRoute := "/projects/:id/merge_requests"
+	fid := e.sim.InjectFault(gitlabsim.Fault{Method: "GET", Route: listRoute, PathContains: url.PathEscape(broken), Status: 403})
+
+	if err := s.orphans.runOnce(bg); err != nil {
+		t.Errorf("orphan pass with one broken repository returned %v, want nil", err)
+	}
+	if e.sim.FaultApplied(fid) == 0 {
+		t.Fatal("the broken repository's list call was not faulted")
+	}
+	if m, _ := e.sim.MR(healthy, orphan.IID); m.State != mr.StateClosed {
+		t.Errorf("orphan MR in the healthy repository is %s, want closed", m.State)
+	}
+	out := logs.String()
+	for _, want := range []string{"listing open batch MRs failed", "repo=" + broken} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
+	}
+	if n := testutil.ToFloat64(s.m.errors.WithLabelValues("orphans", "gitlab_permanent")); n != 1 {
+		t.Errorf("orphan errors counted: %v, want 1", n)
+	}
+
+	// Every repository broken: the pass fails, so the loop backs off.
+	e.sim.InjectFault(gitlabsim.Fault{Method: "GET", Route: listRoute, PathContains: url.PathEscape(healthy), Status: 403})
+	if err := s.orphans.runOnce(bg); !errors.Is(err, errSomeFailed) {
+		t.Errorf("orphan pass with every repository broken returned %v, want errSomeFailed", err)
+	}
+}
