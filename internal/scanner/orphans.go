@@ -29,6 +29,12 @@ type orphanLoop struct {
 	s   *Scanner
 	cfg orphanConfig
 	log *slog.Logger
+
+	// next is where sweepFailed's next page starts. Each pass reads one page of the
+	// failed batches and the next pass the following one, wrapping round, so every
+	// failed batch of the lookback is re-read however many there are. Replicas keep
+	// their own positions; none is needed for correctness, only for reach.
+	next store.FailedCursor
 }
 
 func (l *orphanLoop) runOnce(ctx context.Context) error {
@@ -103,9 +109,14 @@ func (l *orphanLoop) sweepOpen(ctx context.Context, repo string) error {
 
 // sweepFailed re-reads the MRs of recently FAILED batches: merged wins.
 func (l *orphanLoop) sweepFailed(ctx context.Context) error {
-	failed, err := l.s.st.BatchesFailedWithMR(ctx, l.cfg.lookback, l.cfg.limit)
+	failed, err := l.s.st.BatchesFailedWithMR(ctx, l.cfg.lookback, l.next, l.cfg.limit)
 	if err != nil {
 		return err
+	}
+	if len(failed) < max(l.cfg.limit, 1) {
+		l.next = store.FailedCursor{} // the end: start over next pass
+	} else {
+		l.next = l.next.After(failed[len(failed)-1])
 	}
 	for _, b := range failed {
 		if ctx.Err() != nil || l.s.stopping() {

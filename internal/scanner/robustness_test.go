@@ -196,3 +196,44 @@ func TestOrphanSweepSurvivesOneBrokenRepo(t *testing.T) {
 		t.Errorf("orphan pass with every repository broken returned %v, want errSomeFailed", err)
 	}
 }
+
+// The merged-wins check pages through the failed batches pass by pass: with more of
+// them than one page holds, re-reading the first page every pass never reached the
+// newest, whose members stayed failed although the repository had their files.
+func TestMergedWinsReachesEveryFailedBatch(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
+	s := e.scanner("a", func(c *Config) { c.MergeMode = MergeManual; c.ScanLimit = 2 })
+	bg := context.Background()
+	var last store.Batch
+	var lastIDs []string
+	for i := 0; i < 5; i++ {
+		ids := storetest.InsertQueuedOps(t, e.st, repo, 1)
+		res, err := s.RunRound(bg, repo)
+		if err != nil || res.Outcome != store.ClaimClaimed {
+			t.Fatalf("round %d: %+v %v", i, res, err)
+		}
+		if err := s.publish.runOnce(bg); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := e.st.BatchGet(bg, res.BatchID)
+		// Failed in the database only, its MR left as it is.
+		if last, err = e.st.BatchSettleFailed(bg, b.ID, b.Status, b.Version, "test", "failed behind its MR"); err != nil {
+			t.Fatal(err)
+		}
+		lastIDs = ids
+	}
+	// A human merges the newest one anyway (the others' MRs the sweep closes).
+	if err := e.sim.MergeMR(repo, *last.MRIID); err != nil {
+		t.Fatal(err)
+	}
+	// Five failed batches, two per page: the newest is on the third page.
+	for pass := 0; pass < 3; pass++ {
+		if err := s.orphans.runOnce(bg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, _ := e.st.BatchGet(bg, last.ID); got.Status != store.BatchSucceeded {
+		t.Fatalf("the newest failed batch, merged by hand, is %s after three passes, want succeeded", got.Status)
+	}
+	e.requireOps(lastIDs, store.OpMerged)
+}

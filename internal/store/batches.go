@@ -141,6 +141,7 @@ const (
 		WHERE status = 3 AND updated_at >= CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
 		  AND finished_at >= CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
 		  AND mr_iid IS NOT NULL
+		  AND (updated_at > ? OR (updated_at = ? AND id > ?))
 		ORDER BY updated_at, id LIMIT ?`
 	// qWaitingStats: depth and oldest age per repository (covering scan of
 	// idx_repo_waiting; a periodic metric, not a hot path).
@@ -1069,14 +1070,33 @@ func (s *Store) BatchesTimedOut(ctx context.Context, timeout time.Duration, limi
 	return out, translate(err)
 }
 
+// FailedCursor is a position in BatchesFailedWithMR's (updated_at, id) order; the zero
+// value is the start.
+type FailedCursor struct {
+	UpdatedAt time.Time
+	ID        int64
+}
+
+// After is the cursor just past b.
+func (c FailedCursor) After(b Batch) FailedCursor {
+	return FailedCursor{UpdatedAt: b.UpdatedAt, ID: b.ID}
+}
+
 // BatchesFailedWithMR returns FAILED batches with a recorded MR finished within the
-// last `within` (DB clock) — what the orphan sweep re-reads to let "merged wins".
-func (s *Store) BatchesFailedWithMR(ctx context.Context, within time.Duration, limit int) ([]Batch, error) {
+// last `within` (DB clock) — what the orphan sweep re-reads to let "merged wins" — in
+// (updated_at, id) order after the cursor. A caller pages through them pass by pass and
+// starts over when a page comes back short: reading the first page every time would
+// never reach the newest failures once more than a page of them accumulate.
+func (s *Store) BatchesFailedWithMR(ctx context.Context, within time.Duration, after FailedCursor, limit int) ([]Batch, error) {
 	if limit <= 0 {
 		limit = 100
 	}
+	from := after.UpdatedAt.UTC()
+	if from.Year() < 1970 {
+		from = time.Unix(0, 0).UTC() // DATETIME(6) holds no year 1 the driver would send
+	}
 	out := []Batch{}
-	err := s.db.SelectContext(ctx, &out, qFailedWithMR, micros(within), micros(within), limit)
+	err := s.db.SelectContext(ctx, &out, qFailedWithMR, micros(within), micros(within), from, from, after.ID, limit)
 	return out, translate(err)
 }
 

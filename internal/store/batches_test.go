@@ -964,9 +964,12 @@ func TestSettleSucceededFromFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	failed, err := st.BatchesFailedWithMR(ctx, time.Hour, 10)
+	failed, err := st.BatchesFailedWithMR(ctx, time.Hour, store.FailedCursor{}, 10)
 	if err != nil || len(failed) != 1 || failed[0].ID != b.ID {
 		t.Fatalf("BatchesFailedWithMR = %+v, %v", failed, err)
+	}
+	if past, err := st.BatchesFailedWithMR(ctx, time.Hour, store.FailedCursor{}.After(failed[0]), 10); err != nil || len(past) != 0 {
+		t.Fatalf("BatchesFailedWithMR after the last one = %+v, %v", past, err)
 	}
 	if _, err := st.BatchSettleSucceeded(ctx, b.ID, store.BatchRunning, b.Version); !errors.Is(err, store.ErrLostRace) {
 		t.Fatalf("settling a FAILED batch as if RUNNING = %v, want ErrLostRace", err)
@@ -981,7 +984,7 @@ func TestSettleSucceededFromFailed(t *testing.T) {
 	if s := btOpStatus(t, st, grants[2:])[grants[2]]; s != store.OpInBatch {
 		t.Fatalf("a member retried into another batch was changed to %s", s)
 	}
-	if failed, err := st.BatchesFailedWithMR(ctx, time.Hour, 10); err != nil || len(failed) != 0 {
+	if failed, err := st.BatchesFailedWithMR(ctx, time.Hour, store.FailedCursor{}, 10); err != nil || len(failed) != 0 {
 		t.Fatalf("BatchesFailedWithMR after merged wins = %+v, %v", failed, err)
 	}
 	if _, err := st.BatchSettleFailed(ctx, b.ID, store.BatchSucceeded, b.Version, "x", "y"); err == nil {

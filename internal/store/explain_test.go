@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
@@ -207,7 +208,9 @@ func TestExplainBatchQueries(t *testing.T) {
 		{"timeout sweep",
 			store.QBatchesTimedOut, "", []any{3600000000, 100}},
 		{"orphan sweep: failed batches with an MR",
-			store.QFailedWithMR, "idx_status_updated", []any{3600000000, 3600000000, 100}},
+			store.QFailedWithMR, "idx_status_updated", []any{3600000000, 3600000000, "1970-01-01", "1970-01-01", 0, 100}},
+		{"orphan sweep: failed batches with an MR, next page",
+			store.QFailedWithMR, "idx_status_updated", []any{3600000000, 3600000000, time.Now().Add(-48 * time.Hour).UTC(), time.Now().Add(-48 * time.Hour).UTC(), 10, 100}},
 		{"publish: batch members",
 			store.QBatchMembers, "PRIMARY", []any{activeID}},
 		{"cleanup: waiting rows of old succeeded batches",
