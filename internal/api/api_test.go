@@ -654,11 +654,19 @@ func TestHealthReadyMetrics(t *testing.T) {
 	if r := e.do(req{method: "GET", path: "/readyz"}); r.status != 200 || r.json["status"] != "ready" {
 		t.Fatalf("readyz: %d %s", r.status, r.raw)
 	}
-	e.schemaErr.Store(errors.New("binding: index uk_subject_target is not UNIQUE"))
+	e.schemaErr.Store(fmt.Errorf("%w: binding: index uk_subject_target is not UNIQUE", store.ErrSchemaDrift))
 	r := e.do(req{method: "GET", path: "/readyz"})
 	if r.status != 503 || r.errCode() != "not_ready" || !strings.Contains(string(r.raw), "uk_subject_target") {
 		t.Fatalf("readyz on drift: %d %s", r.status, r.raw)
 	}
+	// A check that could not run says so without the driver's words: the answer is
+	// public, and those name the database user and the replica's address.
+	e.schemaErr.Store(fmt.Errorf("read schema: %w", errors.New("Error 1045 (28000): Access denied for user 'batcherd'@'10.1.2.3' (using password: YES)")))
+	if r := e.do(req{method: "GET", path: "/readyz"}); r.status != 503 || r.errCode() != "not_ready" ||
+		strings.Contains(string(r.raw), "batcherd'@") || strings.Contains(string(r.raw), "10.1.2.3") {
+		t.Fatalf("readyz on a failed check: %d %s", r.status, r.raw)
+	}
+	e.schemaErr.Store(fmt.Errorf("%w: binding: index uk_subject_target is not UNIQUE", store.ErrSchemaDrift))
 	if r := e.do(req{method: "GET", path: "/healthz"}); r.status != 200 {
 		t.Fatalf("healthz must not depend on the schema: %d", r.status)
 	}
@@ -668,7 +676,7 @@ func TestHealthReadyMetrics(t *testing.T) {
 	text := string(m.raw)
 	for _, want := range []string{
 		`batcherd_http_requests_total{code="201",route="POST /v1/operations"} 1`,
-		`batcherd_http_requests_total{code="503",route="GET /readyz"} 1`,
+		`batcherd_http_requests_total{code="503",route="GET /readyz"} 2`,
 		`batcherd_http_request_duration_seconds_bucket{route="POST /v1/operations"`,
 		`batcherd_operations{status="queued"} 1`,
 		`batcherd_operations{status="merged"} 0`,

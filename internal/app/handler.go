@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/batcherd/batcherd/internal/api"
+	"github.com/batcherd/batcherd/internal/store"
 )
 
 // handler builds the HTTP API over the scanner (admin rounds and settlement go through
@@ -45,7 +46,7 @@ func (a *App) readiness() func(context.Context) error {
 	return func(ctx context.Context) error {
 		select {
 		case <-a.draining:
-			return errors.New("shutting down")
+			return api.ErrDraining
 		default:
 		}
 		mu.Lock()
@@ -53,8 +54,13 @@ func (a *App) readiness() func(context.Context) error {
 		if time.Since(checked) < 15*time.Second {
 			return last
 		}
-		_, last = a.st.CheckSchema(ctx)
-		checked = time.Now()
-		return last
+		_, err := a.st.CheckSchema(ctx)
+		// Only an answer is kept: a schema that checks out or one that drifted. A check
+		// that could not run (a timeout, a dropped connection) is tried again by the
+		// next probe instead of failing readiness for 15 s.
+		if err == nil || errors.Is(err, store.ErrSchemaDrift) {
+			last, checked = err, time.Now()
+		}
+		return err
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/batcherd/batcherd/internal/api"
 	"github.com/batcherd/batcherd/internal/store/storetest"
 )
 
@@ -31,5 +32,26 @@ func TestSchemaReadFailureIsNotDrift(t *testing.T) {
 	}
 	if errors.Is(err, ErrSchemaDrift) || ExitCode(err) != ExitFailure {
 		t.Fatalf("unreadable schema reported as drift (exit %d): %v", ExitCode(err), err)
+	}
+}
+
+// Readiness keeps an answer about the schema (it checks out, or it drifted) for a
+// while, but not a check that could not run: one cancelled or timed-out check must
+// not hold the replica out of its Service for the next 15 s.
+func TestReadinessDoesNotKeepAFailedCheck(t *testing.T) {
+	st, _ := storetest.New(t)
+	a := &App{st: st, draining: make(chan struct{})}
+	ready := a.readiness()
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := ready(gone); err == nil {
+		t.Fatal("a check on an ended context succeeded")
+	}
+	if err := ready(context.Background()); err != nil {
+		t.Fatalf("the next probe got the failed check's answer: %v", err)
+	}
+	close(a.draining)
+	if err := ready(context.Background()); !errors.Is(err, api.ErrDraining) {
+		t.Fatalf("draining: %v", err)
 	}
 }
