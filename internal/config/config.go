@@ -37,15 +37,16 @@ type Config struct {
 	Repos           []string      `env:"REPOS" desc:"comma-separated GitLab project paths; the first is the default (required for serve)"`
 	TargetBranch    string        `env:"TARGET_BRANCH, default=main" desc:"branch the batch MRs merge into"`
 
-	HTTPAddr        string        `env:"HTTP_ADDR, default=:8080" desc:"listen address of the API, health and metrics"`
-	APITokens       []string      `env:"API_TOKENS" secret:"true" desc:"comma-separated bearer tokens for /v1 (or BATCHERD_API_TOKENS_FILE)"`
-	APITokensFile   string        `env:"API_TOKENS_FILE" desc:"file holding API tokens, comma- or newline-separated"`
-	AdminTokens     []string      `env:"ADMIN_TOKENS" secret:"true" desc:"comma-separated bearer tokens for /v1/admin (also valid for /v1)"`
-	AdminTokensFile string        `env:"ADMIN_TOKENS_FILE" desc:"file holding admin tokens"`
-	WebhookSecret   string        `env:"WEBHOOK_SECRET" secret:"true" desc:"X-Gitlab-Token expected on /v1/webhooks/gitlab (webhook disabled when empty)"`
-	InsecureNoAuth  bool          `env:"INSECURE_NO_AUTH, default=false" desc:"serve the API without tokens (development only; logs a warning)"`
-	AutoApprove     bool          `env:"AUTO_APPROVE, default=false" desc:"admit operations at once, skipping the approve call"`
-	IdempotencyTTL  time.Duration `env:"IDEMPOTENCY_TTL, default=24h" desc:"how long an Idempotency-Key is remembered"`
+	HTTPAddr          string        `env:"HTTP_ADDR, default=:8080" desc:"listen address of the API, health and metrics"`
+	APITokens         []string      `env:"API_TOKENS" secret:"true" desc:"comma-separated bearer tokens for /v1 (or BATCHERD_API_TOKENS_FILE)"`
+	APITokensFile     string        `env:"API_TOKENS_FILE" desc:"file holding API tokens, comma- or newline-separated"`
+	AdminTokens       []string      `env:"ADMIN_TOKENS" secret:"true" desc:"comma-separated bearer tokens for /v1/admin (also valid for /v1)"`
+	AdminTokensFile   string        `env:"ADMIN_TOKENS_FILE" desc:"file holding admin tokens"`
+	WebhookSecret     string        `env:"WEBHOOK_SECRET" secret:"true" desc:"X-Gitlab-Token expected on /v1/webhooks/gitlab (webhook disabled when empty; or BATCHERD_WEBHOOK_SECRET_FILE)"`
+	WebhookSecretFile string        `env:"WEBHOOK_SECRET_FILE" desc:"file holding the webhook secret"`
+	InsecureNoAuth    bool          `env:"INSECURE_NO_AUTH, default=false" desc:"serve the API without tokens (development only; logs a warning)"`
+	AutoApprove       bool          `env:"AUTO_APPROVE, default=false" desc:"admit operations at once, skipping the approve call"`
+	IdempotencyTTL    time.Duration `env:"IDEMPOTENCY_TTL, default=24h" desc:"how long an Idempotency-Key is remembered"`
 
 	ClaimSchedule     string        `env:"CLAIM_SCHEDULE, default=@every 30s" desc:"robfig/cron spec of claim rounds"`
 	MaxBatchSize      int           `env:"MAX_BATCH_SIZE, default=500" desc:"most operations claimed into one batch"`
@@ -90,6 +91,9 @@ func Load(ctx context.Context, lookup envconfig.Lookuper) (*Config, error) {
 	return &c, nil
 }
 
+// loadFiles reads the *_FILE secrets. A secret set both ways is refused rather than one
+// silently winning: after a rotation that updated only the file, the stale variable
+// would otherwise stay in force (or, for token lists, stay valid next to the new ones).
 func (c *Config) loadFiles() error {
 	read := func(name, path string) (string, error) {
 		b, err := os.ReadFile(path)
@@ -98,35 +102,31 @@ func (c *Config) loadFiles() error {
 		}
 		return strings.TrimSpace(string(b)), nil
 	}
-	var err error
-	if c.MySQLDSNFile != "" && c.MySQLDSN == "" {
-		if c.MySQLDSN, err = read("MYSQL_DSN_FILE", c.MySQLDSNFile); err != nil {
-			return err
-		}
-	}
-	if c.GitLabTokenFile != "" && c.GitLabToken == "" {
-		if c.GitLabToken, err = read("GITLAB_TOKEN_FILE", c.GitLabTokenFile); err != nil {
-			return err
-		}
-	}
 	split := func(s string) []string {
 		return strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == '\n' || r == '\r' })
 	}
-	if c.APITokensFile != "" {
-		s, err := read("API_TOKENS_FILE", c.APITokensFile)
-		if err != nil {
-			return err
+	var errs []error
+	one := func(name, path string, set bool, load func(string)) {
+		if path == "" {
+			return
 		}
-		c.APITokens = append(c.APITokens, split(s)...)
-	}
-	if c.AdminTokensFile != "" {
-		s, err := read("ADMIN_TOKENS_FILE", c.AdminTokensFile)
-		if err != nil {
-			return err
+		if set {
+			errs = append(errs, fmt.Errorf("%s%s and %s%s_FILE are both set: keep one (the file, to keep the secret out of the environment)", Prefix, name, Prefix, name))
+			return
 		}
-		c.AdminTokens = append(c.AdminTokens, split(s)...)
+		v, err := read(name+"_FILE", path)
+		if err != nil {
+			errs = append(errs, err)
+			return
+		}
+		load(v)
 	}
-	return nil
+	one("MYSQL_DSN", c.MySQLDSNFile, c.MySQLDSN != "", func(v string) { c.MySQLDSN = v })
+	one("GITLAB_TOKEN", c.GitLabTokenFile, c.GitLabToken != "", func(v string) { c.GitLabToken = v })
+	one("WEBHOOK_SECRET", c.WebhookSecretFile, c.WebhookSecret != "", func(v string) { c.WebhookSecret = v })
+	one("API_TOKENS", c.APITokensFile, len(trimList(c.APITokens)) > 0, func(v string) { c.APITokens = split(v) })
+	one("ADMIN_TOKENS", c.AdminTokensFile, len(trimList(c.AdminTokens)) > 0, func(v string) { c.AdminTokens = split(v) })
+	return errors.Join(errs...)
 }
 
 // Need says which groups of settings a subcommand requires.

@@ -89,6 +89,32 @@ func TestSecretsFromFilesAndRedaction(t *testing.T) {
 	}
 }
 
+// Every secret can come from a file, and a secret set both ways is refused rather than
+// one of the two silently winning (a rotation that updated only the file would leave
+// the old value in force).
+func TestSecretFromBothPlacesIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "secret")
+	if err := os.WriteFile(p, []byte("from-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := load(t, map[string]string{"WEBHOOK_SECRET_FILE": p, "ADMIN_TOKENS_FILE": p})
+	if c.WebhookSecret != "from-file" || len(c.AdminTokens) != 1 || c.AdminTokens[0] != "from-file" {
+		t.Fatalf("files not loaded: webhook %q admin %q", c.WebhookSecret, c.AdminTokens)
+	}
+	for _, name := range []string{"MYSQL_DSN", "GITLAB_TOKEN", "WEBHOOK_SECRET", "API_TOKENS", "ADMIN_TOKENS"} {
+		_, err := Load(context.Background(), envconfig.MapLookuper(map[string]string{
+			Prefix + name: "from-env", Prefix + name + "_FILE": p,
+		}))
+		if err == nil || !strings.Contains(err.Error(), Prefix+name+" and "+Prefix+name+"_FILE are both set") {
+			t.Errorf("%s set both ways: %v", name, err)
+		}
+		if err != nil && (strings.Contains(err.Error(), "from-env") || strings.Contains(err.Error(), "from-file")) {
+			t.Errorf("%s: the error shows the secret: %v", name, err)
+		}
+	}
+}
+
 func TestMissingSecretFileNamesVariable(t *testing.T) {
 	_, err := Load(context.Background(), envconfig.MapLookuper(map[string]string{
 		"BATCHERD_GITLAB_TOKEN_FILE": "/nonexistent/token",
