@@ -757,6 +757,51 @@ func TestMetricsHistoryOnItsOwnClock(t *testing.T) {
 	eventually(`batcherd_metrics_sample_failed 0`, `batcherd_operations{status="merged"} 1`, `batcherd_operations{status="queued"} 2`)
 }
 
+// A target's bindings are read in pages to the end: none is left out however many
+// there are, and the last page says it is the last.
+func TestBindingsPaged(t *testing.T) {
+	e := newEnv(t, nil)
+	want := map[string]bool{}
+	for i := range 7 {
+		e.mustCreate(fmt.Sprintf("pager-%d", i), "db/paged", "grant")
+		want[fmt.Sprintf("pager-%d", i)] = true
+	}
+	e.mustCreate("someone-else", "db/other", "grant")
+	got := map[string]bool{}
+	cursor, pages := "", 0
+	for {
+		path := "/v1/bindings?target=db/paged&limit=3"
+		if cursor != "" {
+			path += "&cursor=" + cursor
+		}
+		r := e.do(req{method: "GET", path: path, token: apiToken})
+		if r.status != 200 {
+			t.Fatalf("%s: %d %s", path, r.status, r.raw)
+		}
+		pages++
+		for _, b := range r.json["bindings"].([]any) {
+			got[b.(map[string]any)["subject"].(string)] = true
+		}
+		next, ok := r.json["next_cursor"].(string)
+		if !ok {
+			if r.json["next_cursor"] != nil || !strings.Contains(string(r.raw), `"next_cursor":null`) {
+				t.Fatalf("last page's next_cursor: %s", r.raw)
+			}
+			break
+		}
+		if pages > 5 {
+			t.Fatal("paging does not end")
+		}
+		cursor = next
+	}
+	if pages != 3 || len(got) != len(want) {
+		t.Fatalf("%d pages, subjects %v, want 3 pages and %v", pages, got, want)
+	}
+	if r := e.do(req{method: "GET", path: "/v1/bindings?cursor=x", token: apiToken}); r.status != 400 {
+		t.Fatalf("bad cursor: %d %s", r.status, r.raw)
+	}
+}
+
 // What the strict body checks must still let through: a surrogate pair escaped as
 // such, an escaped backslash before "u", other escapes, attribute keys that differ only
 // in case (attributes are free-form and case-sensitive), and the same key in

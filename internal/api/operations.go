@@ -194,21 +194,37 @@ func (s *Server) writeOperation(ctx context.Context, w http.ResponseWriter, stat
 	return nil
 }
 
+// handleListBindings: GET /v1/bindings?subject=&target=&limit=&cursor=, oldest first.
+// Paged like /v1/batches: pass next_cursor of the previous page; null means there is
+// no further page (a target with more subjects than one page used to be cut short
+// without a word).
 func (s *Server) handleListBindings(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	limit, err := queryLimit(q.Get("limit"), 100, 1000)
 	if err != nil {
 		return err
 	}
-	bs, err := s.st.BindingList(r.Context(), q.Get("subject"), q.Get("target"), limit)
+	var after int64
+	if v := q.Get("cursor"); v != "" {
+		if after, err = strconv.ParseInt(v, 10, 64); err != nil || after <= 0 {
+			return badRequest("cursor is not one this server returned")
+		}
+	}
+	bs, err := s.st.BindingList(r.Context(), q.Get("subject"), q.Get("target"), after, limit+1)
 	if err != nil {
 		return err
+	}
+	var next *string
+	if len(bs) > limit {
+		bs = bs[:limit]
+		c := strconv.FormatInt(bs[len(bs)-1].ID, 10)
+		next = &c
 	}
 	out := make([]bindingObject, 0, len(bs))
 	for _, b := range bs {
 		out = append(out, renderBinding(b))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"bindings": out})
+	writeJSON(w, http.StatusOK, map[string]any{"bindings": out, "next_cursor": next})
 	return nil
 }
 

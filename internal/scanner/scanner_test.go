@@ -148,7 +148,7 @@ func TestRevokeDeletesFile(t *testing.T) {
 	if _, ok := e.sim.Files(repo)[mr.BindingPath(first.Subject, first.Target)]; ok {
 		t.Errorf("revoked binding's file still on main")
 	}
-	bs, err := e.st.BindingList(ctx, first.Subject, first.Target, 10)
+	bs, err := e.st.BindingList(ctx, first.Subject, first.Target, 0, 10)
 	if err != nil || len(bs) != 1 || bs[0].Status != store.BindingClosed {
 		t.Errorf("binding after revoke: %+v, %v", bs, err)
 	}

@@ -450,13 +450,13 @@ func (s *Store) OperationRetry(ctx context.Context, operationID string) (Operati
 	return out, err
 }
 
-// BindingList returns bindings filtered by subject and/or target (either may be empty),
-// ordered by id. limit ≤ 0 means 100; it is capped at 1000.
-func (s *Store) BindingList(ctx context.Context, subject, target string, limit int) ([]Binding, error) {
+// BindingList lists bindings, optionally of one subject and/or target, in id order
+// after afterID (0: from the first). Callers page by passing the last id they got.
+func (s *Store) BindingList(ctx context.Context, subject, target string, afterID int64, limit int) ([]Binding, error) {
 	if limit <= 0 {
 		limit = 100
 	}
-	limit = min(limit, 1000)
+	limit = min(limit, 5000)
 	var where []string
 	var args []any
 	if subject != "" {
@@ -466,6 +466,10 @@ func (s *Store) BindingList(ctx context.Context, subject, target string, limit i
 	if target != "" {
 		where = append(where, "target = ?")
 		args = append(args, target)
+	}
+	if afterID > 0 {
+		where = append(where, "id > ?")
+		args = append(args, afterID)
 	}
 	q := `SELECT ` + bindingCols + ` FROM binding`
 	if len(where) > 0 {

@@ -36,7 +36,7 @@ func mustCreate(t *testing.T, st *store.Store, p store.OperationCreateParams) st
 
 func bindingOf(t *testing.T, st *store.Store, subject, target string) store.Binding {
 	t.Helper()
-	bs, err := st.BindingList(context.Background(), subject, target, 10)
+	bs, err := st.BindingList(context.Background(), subject, target, 0, 10)
 	if err != nil || len(bs) != 1 {
 		t.Fatalf("BindingList(%s, %s) = %v, %v; want one", subject, target, bs, err)
 	}
@@ -173,7 +173,7 @@ func TestOperationExpiresInPast(t *testing.T) {
 	if _, _, err := st.OperationCreate(context.Background(), p); !errors.Is(err, store.ErrExpiresInPast) {
 		t.Fatalf("err = %v, want ErrExpiresInPast", err)
 	}
-	if bs, _ := st.BindingList(context.Background(), "dave", "", 10); len(bs) != 0 {
+	if bs, _ := st.BindingList(context.Background(), "dave", "", 0, 10); len(bs) != 0 {
 		t.Fatal("refused application wrote a binding")
 	}
 }
@@ -1225,7 +1225,7 @@ func TestOperationExpiresBeyondDatetime(t *testing.T) {
 			}
 		}
 	}
-	if bs, _ := st.BindingList(ctx, "far-0-0", "", 10); len(bs) != 0 {
+	if bs, _ := st.BindingList(ctx, "far-0-0", "", 0, 10); len(bs) != 0 {
 		t.Fatal("refused application wrote a binding")
 	}
 }
