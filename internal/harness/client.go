@@ -266,7 +266,7 @@ func (c *Client) Operation(ctx context.Context, id string) (Operation, error) {
 	return c.opCall(ctx, http.MethodGet, id, "")
 }
 
-// Bindings lists bindings filtered by subject and/or target.
+// Bindings lists bindings filtered by subject and/or target, every page of them.
 func (c *Client) Bindings(ctx context.Context, subject, target string) ([]Binding, error) {
 	q := url.Values{}
 	if subject != "" {
@@ -276,11 +276,21 @@ func (c *Client) Bindings(ctx context.Context, subject, target string) ([]Bindin
 		q.Set("target", target)
 	}
 	q.Set("limit", "1000")
-	var out struct {
-		Bindings []Binding `json:"bindings"`
+	var all []Binding
+	for {
+		var out struct {
+			Bindings   []Binding `json:"bindings"`
+			NextCursor *string   `json:"next_cursor"`
+		}
+		if _, err := c.do(ctx, http.MethodGet, "/v1/bindings?"+q.Encode(), nil, nil, &out, true); err != nil {
+			return all, err
+		}
+		all = append(all, out.Bindings...)
+		if out.NextCursor == nil {
+			return all, nil
+		}
+		q.Set("cursor", *out.NextCursor)
 	}
-	_, err := c.do(ctx, http.MethodGet, "/v1/bindings?"+q.Encode(), nil, nil, &out, true)
-	return out.Bindings, err
 }
 
 // Batch reads one batch.
