@@ -229,6 +229,12 @@ func (c *Client) getBranch(ctx context.Context, project, branch string) (*glBran
 // When several MRs exist for the branch (a human reopened or recreated one), a
 // merged one wins because its content landed, then an open one, then the newest
 // closed one.
+//
+// Only an MR from this project's own branch into the configured target branch can be
+// the batch's. A project's MR list also holds MRs from forks, whose branches may carry
+// the same (predictable) name, and MRs from the batch branch into another branch:
+// adopting one would let a stranger's MR stand in for the batch — its merge marking
+// the batch merged without its files, its closing failing the members.
 func (c *Client) FindMR(ctx context.Context, project, sourceBranch string) (MergeRequest, bool, error) {
 	all, err := c.listMRs(ctx, "find_mr", project, &gitlab.ListProjectMergeRequestsOptions{
 		State:        gitlab.Ptr("all"),
@@ -251,8 +257,8 @@ func (c *Client) FindMR(ctx context.Context, project, sourceBranch string) (Merg
 	}
 	for i := range all {
 		m := &all[i]
-		if m.SourceBranch != sourceBranch {
-			continue // defensive: never adopt another branch's MR
+		if m.SourceBranch != sourceBranch || m.TargetBranch != c.cfg.TargetBranch || !m.fromThisProject() {
+			continue // never adopt another branch's MR, one from a fork, or one into another branch
 		}
 		if pick == nil || rank(m.State) > rank(pick.State) {
 			pick = m
@@ -457,10 +463,16 @@ func (c *Client) ListOpenLabeled(ctx context.Context, project, label string) ([]
 	}
 	out := make([]MergeRequest, 0, len(all))
 	for _, m := range all {
-		out = append(out, m.convert())
+		if m.fromThisProject() { // a fork's MR is never one of batcherd's (see FindMR)
+			out = append(out, m.convert())
+		}
 	}
 	return out, nil
 }
+
+// fromThisProject reports whether the MR comes from a branch of the project it targets,
+// not from a fork.
+func (m glMR) fromThisProject() bool { return m.SourceProjectID == m.TargetProjectID }
 
 func mrPath(project string, iid int64) string {
 	return projectPath(project, "merge_requests", strconv.FormatInt(iid, 10))
@@ -479,6 +491,8 @@ type glMR struct {
 	WebURL                    string      `json:"web_url"`
 	SourceBranch              string      `json:"source_branch"`
 	TargetBranch              string      `json:"target_branch"`
+	SourceProjectID           int64       `json:"source_project_id"`
+	TargetProjectID           int64       `json:"target_project_id"`
 	Labels                    []string    `json:"labels"`
 	MergeWhenPipelineSucceeds bool        `json:"merge_when_pipeline_succeeds"`
 	MergedAt                  *time.Time  `json:"merged_at"`

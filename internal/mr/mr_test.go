@@ -199,6 +199,40 @@ func TestFindMRAnyStateAndNeverASecond(t *testing.T) {
 	}
 }
 
+// A batch branch's name is predictable: MRs from a fork's branch of that name, or from
+// the batch branch into another target, are listed with the project's own but are not
+// the batch's MR. Adopting one let a stranger's MR stand in for the batch.
+func TestFindMRIgnoresForksAndOtherTargets(t *testing.T) {
+	sim, c := setup(t, gitlabsim.Options{ManualPipelines: true})
+	const branch = "batcherd/batch-4"
+	forked, err := sim.OpenMR(proj, branch, "main", []string{"access"}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, found, err := c.FindMR(ctx(t), proj, branch); err != nil || found {
+		t.Fatalf("FindMR adopted a fork's MR: found=%v err=%v", found, err)
+	}
+	if err := c.EnsureBranch(ctx(t), proj, branch, "main"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureBranch(ctx(t), proj, "release", "main"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sim.OpenMR(proj, branch, "release", nil, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, found, err := c.FindMR(ctx(t), proj, branch); err != nil || found {
+		t.Fatalf("FindMR adopted an MR into another branch: found=%v err=%v", found, err)
+	}
+	m, _ := publish(t, c, 4, []mr.FileAction{grant("alice", "db")})
+	if m.IID == forked || m.SourceBranch != branch || m.TargetBranch != "main" {
+		t.Fatalf("EnsureMR answered %+v, want the batch's own MR", m)
+	}
+	if found, ok, err := c.FindMR(ctx(t), proj, branch); err != nil || !ok || found.IID != m.IID {
+		t.Fatalf("FindMR = %+v ok=%v err=%v, want !%d", found, ok, err, m.IID)
+	}
+}
+
 func TestEnsureMRConcurrentReplicasMakeOneMR(t *testing.T) {
 	sim, c := setup(t, gitlabsim.Options{ManualPipelines: true})
 	if err := c.EnsureBranch(ctx(t), proj, "batcherd/batch-3", "main"); err != nil {
@@ -444,9 +478,10 @@ func TestListOpenLabeledAllPages(t *testing.T) {
 	for i := range 105 {
 		publish(t, c, int64(100+i), []mr.FileAction{grant(fmt.Sprintf("u%d", i), "t")})
 	}
-	// One closed and one merged MR are not listed.
+	// One closed and one merged MR are not listed, nor a fork's MR with the label.
 	must0(sim.CloseMR(proj, 1))
 	must0(sim.MergeMR(proj, 2))
+	must(sim.OpenMR(proj, "batcherd/batch-100", "main", []string{mr.Label}, true))
 	open := must(c.ListOpenLabeled(ctx(t), proj, mr.Label))
 	if len(open) != 103 {
 		t.Fatalf("listed %d open labeled MRs, want 103", len(open))

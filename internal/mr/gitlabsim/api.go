@@ -484,7 +484,7 @@ func createMR(s *Sim, q *req) (*reply, *apiError) {
 		return nil, msgErr(http.StatusUnprocessableEntity, []string{fmt.Sprintf("Target branch \"%s\" does not exist", tgt)})
 	}
 	for _, m := range q.proj.mrs {
-		if m.source == src && m.target == tgt && m.state == "opened" {
+		if m.source == src && m.target == tgt && m.state == "opened" && m.forkProject == 0 {
 			return nil, msgErr(http.StatusConflict, []string{fmt.Sprintf("Another open merge request already exists for this source branch: !%d", m.iid)})
 		}
 	}

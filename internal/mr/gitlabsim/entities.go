@@ -154,6 +154,10 @@ func (s *Sim) mrBasicJSON(p *project, m *mergeRequest) map[string]any {
 		labels = []string{}
 	}
 	ref := "!" + strconv.FormatInt(m.iid, 10)
+	sourceProject := p.id
+	if m.forkProject != 0 {
+		sourceProject = m.forkProject
+	}
 	return map[string]any{
 		"id": m.id, "iid": m.iid, "project_id": p.id, "title": m.title, "description": m.description,
 		"state": m.state, "created_at": ts(m.createdAt), "updated_at": ts(m.updatedAt),
@@ -161,7 +165,7 @@ func (s *Sim) mrBasicJSON(p *project, m *mergeRequest) map[string]any {
 		"prepared_at": ts(m.createdAt), "closed_by": closedBy, "closed_at": tsPtr(m.closedAt),
 		"target_branch": m.target, "source_branch": m.source, "user_notes_count": 0, "upvotes": 0, "downvotes": 0,
 		"author": s.userJSON(), "assignees": []any{}, "assignee": nil, "reviewers": []any{},
-		"source_project_id": p.id, "target_project_id": p.id, "labels": labels, "draft": false,
+		"source_project_id": sourceProject, "target_project_id": p.id, "labels": labels, "draft": false,
 		"imported": false, "imported_from": "none", "work_in_progress": false, "milestone": nil,
 		"merge_when_pipeline_succeeds": m.autoMerge, "merge_status": mergeStatus, "detailed_merge_status": dms,
 		"sha": sha, "merge_commit_sha": mergeCommit, "squash_commit_sha": nil, "discussion_locked": nil,

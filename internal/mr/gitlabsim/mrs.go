@@ -10,7 +10,7 @@ import (
 // mrSHA is the MR's head sha: the source branch head while open, frozen once merged
 // or closed (GitLab keeps the diff it merged/closed with).
 func (s *Sim) mrSHA(p *project, m *mergeRequest) string {
-	if m.state == "opened" || m.state == "locked" {
+	if (m.state == "opened" || m.state == "locked") && m.forkProject == 0 {
 		if sha, ok := p.branches[m.source]; ok {
 			return sha
 		}

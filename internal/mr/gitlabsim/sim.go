@@ -26,6 +26,7 @@ package gitlabsim
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"math/rand/v2"
 	"net"
@@ -133,6 +134,9 @@ type mergeRequest struct {
 	removeSource  bool
 	squash        bool
 	mergedByHuman bool
+	// forkProject is the id of the fork the MR comes from, 0 for this project's own
+	// branch. A fork's branch is not in this project; frozenSHA stands for its head.
+	forkProject int64
 }
 
 type pipeline struct {
@@ -472,6 +476,36 @@ func (p *project) mr(iid int64) *mergeRequest {
 		}
 	}
 	return nil
+}
+
+// OpenMR opens an MR as a human would, from sourceBranch into targetBranch. fromFork
+// makes it come from a fork whose branch has that name (GitLab lists such MRs with
+// the target project's own, under source_project_id of the fork); otherwise both
+// branches must exist here. It returns the MR's iid.
+func (s *Sim) OpenMR(project, sourceBranch, targetBranch string, labels []string, fromFork bool) (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.projectLocked(project)
+	if p == nil {
+		return 0, errors.New("gitlabsim: no project " + project)
+	}
+	if _, ok := p.branches[targetBranch]; !ok {
+		return 0, errors.New("gitlabsim: no branch " + targetBranch)
+	}
+	m := &mergeRequest{title: "opened by a human", source: sourceBranch, target: targetBranch,
+		labels: dedupe(labels), state: "opened", createdAt: s.now(), updatedAt: s.now()}
+	if fromFork {
+		s.nextProjID++ // the fork is a project of its own
+		m.forkProject = s.nextProjID
+		m.frozenSHA = fmt.Sprintf("%040x", m.forkProject)
+	} else if _, ok := p.branches[sourceBranch]; !ok {
+		return 0, errors.New("gitlabsim: no branch " + sourceBranch)
+	}
+	s.nextMRID++
+	p.nextIID++
+	m.id, m.iid = s.nextMRID, p.nextIID
+	p.mrs = append(p.mrs, m)
+	return m.iid, nil
 }
 
 // MergeMR merges an MR as a human would, regardless of its pipeline. It fails on
