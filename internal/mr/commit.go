@@ -20,6 +20,18 @@ const ChunkTrailer = "Batcherd-Chunk"
 // their common ancestor recursively instead.
 const maxDirListings = 8
 
+// Commit is what CommitFiles made of a batch's files.
+type Commit struct {
+	// SHA is the branch head: the batch's (last) commit, or the branch's start when
+	// nothing was committed.
+	SHA string
+	// Empty: no action changed anything (every one was a delete of a file the branch
+	// does not have), so the branch carries no commit of the batch. An MR of it would
+	// have no commits, and GitLab never merges such an MR (it reports it as
+	// has_conflicts / commits_status).
+	Empty bool
+}
+
 // CommitFiles makes one commit (chunked only if GitLab limits demand it) with the file
 // actions on branch, carrying "Batcherd-Batch: <batchID>" as a trailer. If the
 // branch's head already carries that trailer the commit was made before (answer lost)
@@ -27,25 +39,26 @@ const maxDirListings = 8
 //
 // Create vs update is decided from one tree listing of the branch, and a delete of a
 // file the branch does not have is dropped (the revoke's goal is already true). When
-// every action is dropped no commit is made and the branch head is returned.
+// every action is dropped no commit is made and the result is Empty.
 //
 // A batch larger than MaxActionsPerCommit / MaxCommitBytes becomes several commits,
 // each carrying the batch trailer and "Batcherd-Chunk: k/n"; the split depends only on
 // the input, so a call interrupted after chunk k resumes at chunk k+1.
-func (c *Client) CommitFiles(ctx context.Context, project, branch string, batchID int64, message string, files []FileAction) (string, error) {
+func (c *Client) CommitFiles(ctx context.Context, project, branch string, batchID int64, message string, files []FileAction) (Commit, error) {
 	plan := c.planChunks(files)
 	head, found, err := c.getBranch(ctx, project, branch)
 	if err != nil {
-		return "", err
+		return Commit{}, err
 	}
 	if !found || head.Commit == nil {
-		return "", &Error{Op: "commit_files", Class: ClassNotFound, Status: http.StatusNotFound, Message: "404 Branch Not Found"}
+		return Commit{}, &Error{Op: "commit_files", Class: ClassNotFound, Status: http.StatusNotFound, Message: "404 Branch Not Found"}
 	}
-	start := 0
+	start, committed := 0, false
 	if id, k, n, ok := batchTrailers(head.Commit); ok && id == batchID {
+		committed = true // an earlier call made (some of) the batch's commits
 		switch {
 		case n <= 1 || k >= n:
-			return head.Commit.ID, nil
+			return Commit{SHA: head.Commit.ID}, nil
 		case n == len(plan):
 			start = k
 		default:
@@ -54,9 +67,10 @@ func (c *Client) CommitFiles(ctx context.Context, project, branch string, batchI
 			start = 0
 		}
 	}
-	sha := head.Commit.ID
+	start0 := head.Commit.ID
+	sha := start0
 	if start >= len(plan) {
-		return sha, nil
+		return Commit{SHA: sha, Empty: !committed}, nil
 	}
 	var pending []string
 	for _, ch := range plan[start:] {
@@ -66,15 +80,15 @@ func (c *Client) CommitFiles(ctx context.Context, project, branch string, batchI
 	}
 	existing, err := c.listExisting(ctx, project, branch, pending)
 	if err != nil {
-		return "", err
+		return Commit{}, err
 	}
 	for i := start; i < len(plan); i++ {
 		sha, err = c.commitChunk(ctx, project, branch, batchID, message, plan, i, existing, sha)
 		if err != nil {
-			return "", err
+			return Commit{}, err
 		}
 	}
-	return sha, nil
+	return Commit{SHA: sha, Empty: !committed && sha == start0}, nil
 }
 
 // planChunks sorts and de-duplicates the actions (the last action on a path wins, as

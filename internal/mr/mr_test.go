@@ -82,7 +82,7 @@ func publish(t *testing.T, c *mr.Client, batch int64, files []mr.FileAction) (mr
 	if err := c.EnsureBranch(ctx(t), proj, branch, "main"); err != nil {
 		t.Fatal(err)
 	}
-	sha := must(c.CommitFiles(ctx(t), proj, branch, batch, fmt.Sprintf("batcherd: batch %d", batch), files))
+	sha := must(c.CommitFiles(ctx(t), proj, branch, batch, fmt.Sprintf("batcherd: batch %d", batch), files)).SHA
 	m := must(c.EnsureMR(ctx(t), proj, mr.MRSpec{
 		SourceBranch: branch, TargetBranch: "main", Title: fmt.Sprintf("batcherd: batch %d", batch),
 		Description: fmt.Sprintf("Batch %d", batch), Labels: []string{"access"},
@@ -163,17 +163,17 @@ func TestCommitFilesIsIdempotentByTrailer(t *testing.T) {
 	files := []mr.FileAction{grant("alice", "db")}
 	first := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-7", 7, "batch 7", files))
 	again := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-7", 7, "batch 7", files))
-	if first != again || sim.CommitCount(proj, "batcherd/batch-7") != 1 {
-		t.Fatalf("second call made another commit: %s vs %s, %d commits", first, again, sim.CommitCount(proj, "batcherd/batch-7"))
+	if first != again || first.Empty || sim.CommitCount(proj, "batcherd/batch-7") != 1 {
+		t.Fatalf("second call made another commit: %+v vs %+v, %d commits", first, again, sim.CommitCount(proj, "batcherd/batch-7"))
 	}
 	// A batch of nothing but deletes of missing files makes no commit.
 	if err := c.EnsureBranch(ctx(t), proj, "batcherd/batch-8", ""); err != nil {
 		t.Fatal(err)
 	}
 	head, _, _ := sim.HeadCommit(proj, "batcherd/batch-8")
-	sha := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-8", 8, "batch 8", []mr.FileAction{{Path: "bindings/x/y.yaml", Delete: true}}))
-	if sha != head || sim.CommitCount(proj, "batcherd/batch-8") != 0 {
-		t.Fatalf("a no-op batch committed: %s vs %s", sha, head)
+	noop := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-8", 8, "batch 8", []mr.FileAction{{Path: "bindings/x/y.yaml", Delete: true}}))
+	if noop.SHA != head || !noop.Empty || sim.CommitCount(proj, "batcherd/batch-8") != 0 {
+		t.Fatalf("a no-op batch committed: %+v vs %s", noop, head)
 	}
 	// A commit to a missing branch is "not found".
 	_, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-404", 404, "x", files)

@@ -147,10 +147,10 @@ func (g *instrumented) EnsureBranch(ctx context.Context, project, branch, ref st
 	return err
 }
 
-func (g *instrumented) CommitFiles(ctx context.Context, project, branch string, batchID int64, message string, files []mr.FileAction) (string, error) {
-	sha, err := g.gl.CommitFiles(ctx, project, branch, batchID, message, files)
+func (g *instrumented) CommitFiles(ctx context.Context, project, branch string, batchID int64, message string, files []mr.FileAction) (mr.Commit, error) {
+	c, err := g.gl.CommitFiles(ctx, project, branch, batchID, message, files)
 	g.count("commit_files", err)
-	return sha, err
+	return c, err
 }
 
 func (g *instrumented) FindMR(ctx context.Context, project, sourceBranch string) (mr.MergeRequest, bool, error) {

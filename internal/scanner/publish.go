@@ -140,11 +140,22 @@ func (l *publishLoop) publish(ctx context.Context, bp *store.Batch, log *slog.Lo
 		l.s.step(ctx, "publish.branch", b.ID)
 		// CommitFiles is idempotent by the Batcherd-Batch trailer: resumed after a lost
 		// answer it returns the earlier commit's sha.
-		sha, err = l.s.gl.CommitFiles(ctx, b.Repo, branch, b.ID, commitMessage(b, members), files)
+		commit, err := l.s.gl.CommitFiles(ctx, b.Repo, branch, b.ID, commitMessage(b, members), files)
 		if err != nil {
 			return err
 		}
+		sha = commit.SHA
 		l.s.step(ctx, "publish.commit", b.ID)
+		if commit.Empty && !found {
+			// Nothing to change: every member is a revoke whose file is already gone
+			// (a human deleted it). The repository already says what the batch would
+			// make it say, and an MR without commits is one GitLab never merges (it
+			// reads as a conflict): the batch has succeeded as it stands.
+			l.s.m.outcomes.WithLabelValues("publish", "nothing_to_change").Inc()
+			log.Info("the repository already matches the batch; settling it without an MR", "operations", len(members))
+			_, err := l.s.settleSucceeded(ctx, b, log)
+			return err
+		}
 		// Renew the reservation right before the MR exists, with a write guarded on the
 		// version reserved. The branch and commit may have taken long (retries, a slow
 		// GitLab, a frozen process); if the batch moved on meanwhile — the timeout sweep

@@ -237,3 +237,36 @@ func TestMergedWinsReachesEveryFailedBatch(t *testing.T) {
 	}
 	e.requireOps(lastIDs, store.OpMerged)
 }
+
+// A batch whose changes the repository already has (revokes of files a human deleted)
+// is settled succeeded without an MR: an MR without commits is one GitLab never merges
+// (it reports it as has_conflicts), which used to fail the batch as a merge conflict
+// and then blame its revokes as culprits.
+func TestNothingToChangeSettlesWithoutAnMR(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
+	s := e.scanner("a", nil)
+	bg := context.Background()
+	ids := storetest.InsertOps(t, e.st, storetest.Ops{Repo: repo, N: 3, Action: store.ActionRevoke, Admit: true})
+	res, err := s.RunRound(bg, repo)
+	if err != nil || res.Outcome != store.ClaimClaimed {
+		t.Fatalf("round: %+v %v", res, err)
+	}
+	if err := s.publish.runOnce(bg); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := e.st.BatchGet(bg, res.BatchID)
+	if b.Status != store.BatchSucceeded || b.MRIID != nil {
+		t.Fatalf("batch of revokes of absent files: %s, MR %v; want succeeded without an MR", b.Status, b.MRIID)
+	}
+	if n := len(e.sim.MRsByBranch(repo)); n != 0 {
+		t.Fatalf("%d MRs opened for it", n)
+	}
+	e.requireOps(ids, store.OpMerged)
+	for _, id := range ids {
+		op, _ := e.st.OperationGet(bg, id)
+		bs, _ := e.st.BindingList(bg, op.Subject, op.Target, 0, 1)
+		if len(bs) != 1 || bs[0].Status != store.BindingClosed {
+			t.Fatalf("binding of %s: %+v, want closed", id, bs)
+		}
+	}
+}
