@@ -163,6 +163,12 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.
 // once its pipeline finishes).
 func blockReason(b store.Batch, m mr.MergeRequest) (code, msg string) {
 	switch {
+	// First: once someone else pushed to the batch branch, its pipeline and its
+	// conflicts are theirs, not the members'. Isolating on them would close the MR
+	// (discarding the push) and bisect or blame members for it; head_moved blocks for
+	// an operator whatever BATCHERD_ON_FAILURE says.
+	case b.MRSHA != "" && m.SHA != "" && m.SHA != b.MRSHA:
+		return CodeHeadMoved, fmt.Sprintf("the head of %s is %s, not the commit batcherd made (%s)", m.SourceBranch, short(m.SHA), short(b.MRSHA))
 	case m.PipelineStatus == "failed" || m.PipelineStatus == "canceled":
 		msg := fmt.Sprintf("pipeline %d of merge request !%d %s", m.PipelineID, m.IID, m.PipelineStatus)
 		if m.FailureReason != "" {
@@ -173,8 +179,6 @@ func blockReason(b store.Batch, m mr.MergeRequest) (code, msg string) {
 		return CodeMergeConflict, fmt.Sprintf("merge request !%d has conflicts with its target branch", m.IID)
 	case m.DetailedMergeStatus == "need_rebase":
 		return CodeNeedRebase, fmt.Sprintf("merge request !%d needs a rebase onto its target branch", m.IID)
-	case b.MRSHA != "" && m.SHA != "" && m.SHA != b.MRSHA:
-		return CodeHeadMoved, fmt.Sprintf("the head of %s is %s, not the commit batcherd made (%s)", m.SourceBranch, short(m.SHA), short(b.MRSHA))
 	}
 	return "", ""
 }

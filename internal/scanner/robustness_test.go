@@ -270,3 +270,81 @@ func TestNothingToChangeSettlesWithoutAnMR(t *testing.T) {
 		}
 	}
 }
+
+// Once someone pushed to the batch branch, a pipeline failing on their commit is not
+// the members' failure: the batch blocks for an operator (head_moved) in isolate mode
+// too, instead of closing the MR (discarding the push) and bisecting the members.
+func TestHeadMovedBlocksEvenWhenItsPipelineFails(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
+	ids := storetest.InsertQueuedOps(t, e.st, repo, 4)
+	s := e.scanner("a", nil) // isolate, the default
+	bg := context.Background()
+	res, _ := s.RunRound(bg, repo)
+	if err := s.publish.runOnce(bg); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := e.st.BatchGet(bg, res.BatchID)
+	if _, err := e.gl.CommitFiles(bg, repo, store.BranchName(b.ID), 999999, "a human's fix", []mr.FileAction{{Path: "human.txt", Content: "x\n"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sim.FailMRPipeline(repo, *b.MRIID, "script_failure"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.st.DB().Exec("UPDATE merge_batch SET next_check_at = CURRENT_TIMESTAMP(6) WHERE id = ?", b.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.reconcile.runOnce(bg); err != nil {
+		t.Fatal(err)
+	}
+	b, _ = e.st.BatchGet(bg, res.BatchID)
+	if b.Status != store.BatchBlocked || b.ErrorCode != CodeHeadMoved {
+		t.Fatalf("pipeline failed on a human's push: batch %s/%s, want blocked/%s", b.Status, b.ErrorCode, CodeHeadMoved)
+	}
+	if m, _ := e.sim.MR(repo, *b.MRIID); m.State != "opened" {
+		t.Fatalf("the MR with the human's push is %s, want opened", m.State)
+	}
+	e.requireOps(ids, store.OpInBatch)
+}
+
+// A settle that found its culprit (this batch was bisection half 1) claims the next
+// half at once, like a settle that bisected: it used to wait for the scheduled round.
+func TestCulpritSettleClaimsTheNextHalf(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
+	storetest.InsertQueuedOps(t, e.st, repo, 2)
+	s := e.scanner("a", func(c *Config) { c.ClaimSchedule = "@every 1h" })
+	bg := context.Background()
+	failActive := func() {
+		t.Helper()
+		if err := s.publish.runOnce(bg); err != nil {
+			t.Fatal(err)
+		}
+		var act []store.Batch
+		if err := e.st.DB().Select(&act, "SELECT id, mr_iid FROM merge_batch WHERE status IN (1, 4) AND mr_iid IS NOT NULL"); err != nil || len(act) != 1 {
+			t.Fatalf("active published batches: %+v %v, want one", act, err)
+		}
+		if err := e.sim.FailMRPipeline(repo, *act[0].MRIID, "script_failure"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.st.DB().Exec("UPDATE merge_batch SET next_check_at = CURRENT_TIMESTAMP(6) WHERE id = ?", act[0].ID); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.reconcile.runOnce(bg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if res, err := s.RunRound(bg, repo); err != nil || res.Outcome != store.ClaimClaimed {
+		t.Fatalf("round: %+v %v", res, err)
+	}
+	failActive() // both members: test failure → bisect, half 1 claimed at once
+	failActive() // half 1 alone fails: its member is the culprit
+	var active, waiting int
+	if err := e.st.DB().Get(&active, "SELECT COUNT(*) FROM merge_batch WHERE status IN (1, 4)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.st.DB().Get(&waiting, "SELECT COUNT(*) FROM merge_batch_request WHERE batch_id IS NULL"); err != nil {
+		t.Fatal(err)
+	}
+	if active != 1 || waiting != 0 {
+		t.Fatalf("after the culprit's settle: %d active batches, %d waiting rows; want half 2 claimed", active, waiting)
+	}
+}

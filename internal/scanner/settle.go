@@ -145,9 +145,11 @@ func (s *Scanner) settleFailure(ctx context.Context, b store.Batch, f failure, l
 	log.Info("batch failed", "class", f.class, "message", f.msg, "operations", nb.Size,
 		"action", out.action, "retried", out.retried, "culprits", out.culprits, "max_attempts", out.maxed,
 		"depth", b.Depth, "kind", b.Kind)
-	if out.action == "retry" || out.action == "bisect" {
-		s.followUp(ctx, b.Repo)
-	}
+	// Whatever this settle did, a bisection half or a retry group may be waiting — its
+	// own (retry, bisect) or an earlier one's (this batch was half 1 and its culprit is
+	// now found, so half 2 is next): claim it now, not at the next scheduled round.
+	// The follow-up claim takes only such groups, never the ordinary queue.
+	s.followUp(ctx, b.Repo)
 	return nb, nil
 }
 
