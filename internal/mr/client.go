@@ -350,11 +350,12 @@ func (c *Client) GetMR(ctx context.Context, project string, iid int64) (MergeReq
 	return c.withFailureReason(ctx, project, m.convert()), nil
 }
 
-// withFailureReason fills FailureReason of an MR whose head pipeline failed. The
-// reason is best effort: "" means unknown, and the MR read itself stands.
+// withFailureReason fills FailureReason of an MR whose head pipeline failed. The MR
+// read stands either way; a reason that could not be read is FailureReasonErr, so the
+// caller that classifies the failure can wait for it instead of calling it unknown.
 func (c *Client) withFailureReason(ctx context.Context, project string, mr MergeRequest) MergeRequest {
 	if mr.PipelineStatus == "failed" && mr.PipelineID != 0 {
-		mr.FailureReason, _ = c.firstFailureReason(ctx, project, mr.PipelineID)
+		mr.FailureReason, mr.FailureReasonErr = c.firstFailureReason(ctx, project, mr.PipelineID)
 	}
 	return mr
 }

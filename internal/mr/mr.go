@@ -40,7 +40,11 @@ type MergeRequest struct {
 	// FailureReason is the failure_reason of the first failed job of a failed head
 	// pipeline (script_failure, runner_system_failure, stuck_or_timeout_failure, …),
 	// "" when unknown or not failed.
-	FailureReason             string
+	FailureReason string
+	// FailureReasonErr is why FailureReason could not be read (GitLab refused or did
+	// not answer the jobs listing), nil otherwise. "" with an error is not "no reason":
+	// a caller that acts on the reason must not read it as unknown.
+	FailureReasonErr          error
 	SHA                       string // head sha of the source branch as the MR sees it
 	WebURL                    string
 	SourceBranch              string

@@ -90,6 +90,14 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.
 	}
 
 	if code, msg := blockReason(b, m); code != "" {
+		if code == CodePipelineFailed && m.FailureReasonErr != nil {
+			// Why the pipeline failed decides what isolation does (retry the group for
+			// an infrastructure failure, bisect for a test failure). A reason GitLab did
+			// not give us is not "unknown": read as unknown, a runner failure was
+			// retried, then bisected, and could end with a member named the culprit.
+			// Look again next interval; the batch timeout bounds the wait.
+			return fmt.Errorf("reading why pipeline %d failed: %w", m.PipelineID, m.FailureReasonErr)
+		}
 		if l.cfg.onFailure == FailureIsolate {
 			if class := failureClass(code, m); class != "" {
 				// Isolate at once: close the MR and retry, bisect or quarantine.

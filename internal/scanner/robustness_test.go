@@ -348,3 +348,50 @@ func TestCulpritSettleClaimsTheNextHalf(t *testing.T) {
 		t.Fatalf("after the culprit's settle: %d active batches, %d waiting rows; want half 2 claimed", active, waiting)
 	}
 }
+
+// A failed pipeline whose reason GitLab would not give (the jobs listing refused) is not
+// classified as "unknown": reconcile looks again, and once the reason can be read the
+// failure is isolated as what it was — here an infrastructure failure, retried as a
+// group, never a member blamed as the culprit.
+func TestUnreadableFailureReasonWaits(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
+	ids := storetest.InsertQueuedOps(t, e.st, repo, 1)
+	s := e.scanner("a", nil)
+	bg := context.Background()
+	res, _ := s.RunRound(bg, repo)
+	if err := s.publish.runOnce(bg); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := e.st.BatchGet(bg, res.BatchID)
+	if err := e.sim.FailMRPipeline(repo, *b.MRIID, "runner_system_failure"); err != nil {
+		t.Fatal(err)
+	}
+	refused := e.sim.InjectFault(gitlabsim.Fault{Method: "GET", Route: "/projects/:id/pipelines/:pid/jobs", Status: 403})
+	due := func() {
+		if _, err := e.st.DB().Exec("UPDATE merge_batch SET next_check_at = CURRENT_TIMESTAMP(6) WHERE id = ?", b.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	due()
+	_ = s.reconcile.runOnce(bg) // the item fails: the reason could not be read
+	if e.sim.FaultApplied(refused) == 0 {
+		t.Fatal("the jobs listing was not read")
+	}
+	if got, _ := e.st.BatchGet(bg, b.ID); got.Status != store.BatchRunning {
+		t.Fatalf("batch settled on a reason it could not read: %s/%s", got.Status, got.ErrorCode)
+	}
+	e.sim.ClearFaults()
+	due()
+	if err := s.reconcile.runOnce(bg); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := e.st.BatchGet(bg, b.ID)
+	if got.Status != store.BatchFailed || got.ErrorCode != ClassInfra {
+		t.Fatalf("once readable: batch %s/%s, want failed/%s", got.Status, got.ErrorCode, ClassInfra)
+	}
+	for _, op := range e.requireOps(ids, store.OpInBatch) { // retried as a group, claimed at once
+		if op.ErrorCode == ReasonCulprit {
+			t.Fatalf("%s named the culprit of an infrastructure failure", op.OperationID)
+		}
+	}
+}
