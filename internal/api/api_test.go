@@ -452,6 +452,7 @@ func TestBatchesRoundsSettleWebhook(t *testing.T) {
 		{&mr.Error{Op: "get_mr", Class: mr.ClassTransient, Status: 502, Message: "502 Bad Gateway"}, 503, "unavailable", "502 Bad Gateway", ""},
 		{&mr.Error{Op: "get_mr", Class: mr.ClassTransient, Status: 429, Message: "429 Too Many Requests", RetryAfter: 20 * time.Second}, 503, "unavailable", "429", "20"},
 		{fmt.Errorf("settle batch 1: MR !7 is locked (merging): %w", mr.ErrStillOpen), 409, "conflict", "still open", ""},
+		{fmt.Errorf("settle batch 1: %w; its MR may be opening: settle again in 30s", store.ErrBatchPublishing), 409, "conflict", "being published", ""},
 	} {
 		e.settler.err = fmt.Errorf("settle: %w", c.err)
 		r := e.post(fmt.Sprintf("/v1/admin/batches/%d/settle", res2.BatchID), adminToken)

@@ -95,6 +95,8 @@ func (s *Server) toAPIError(err error) *apiError {
 			"the database connection broke during commit; read the resource to learn the outcome")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return wrap(http.StatusServiceUnavailable, codeUnavailable, "request cancelled or timed out")
+	case errors.Is(err, store.ErrBatchPublishing):
+		return wrap(http.StatusConflict, codeConflict, err.Error())
 	case errors.Is(err, mr.ErrStillOpen):
 		return wrap(http.StatusConflict, codeConflict,
 			"the merge request is still open after closing it (GitLab is merging it, or someone reopened it); settle again in a minute")

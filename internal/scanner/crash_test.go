@@ -299,7 +299,19 @@ func TestStalePublisherIsFenced(t *testing.T) {
 			go func() { done <- a.publish.runOnce(bg) }()
 			<-paused
 
+			// While the publisher's reservation is live the operator is asked to wait
+			// (its MR may be opening); the publisher stalls past it.
 			op := e.scanner("admin", nil)
+			if _, err := op.SettleBatch(bg, res.BatchID); !errors.Is(err, store.ErrBatchPublishing) {
+				t.Fatalf("SettleBatch under a live publish reservation: %v, want ErrBatchPublishing", err)
+			}
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				if busy, err := e.st.BatchPublishing(bg, res.BatchID); err != nil || !busy {
+					break
+				} else if time.Now().After(deadline) {
+					t.Fatal("the publish reservation never lapsed")
+				}
+			}
 			b, err := op.SettleBatch(bg, res.BatchID)
 			if err != nil || b.Status != store.BatchFailed || b.ErrorCode != CodeManualSettle {
 				t.Fatalf("SettleBatch: %+v %v", b, err)

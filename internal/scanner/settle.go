@@ -230,6 +230,17 @@ func (s *Scanner) SettleBatch(ctx context.Context, id int64) (store.Batch, error
 			}
 			return b, nil
 		}
+		// Not under a publisher that may be opening the MR right now: the operator asks
+		// again once it is open (recorded) or the reservation lapsed. A publisher that
+		// reserves after this check is fenced by our reservation (its renewal before
+		// opening the MR is guarded on its version).
+		if busy, err := s.st.BatchPublishing(ctx, b.ID); err != nil || busy {
+			if err == nil {
+				err = fmt.Errorf("settle batch %d: %w; its MR may be opening: settle again in %s",
+					b.ID, store.ErrBatchPublishing, s.cfg.PublishLease)
+			}
+			return b, err
+		}
 		// Reserve first, like every loop: it fences the reconcile and timeout loops of
 		// every replica off this batch while we close its MR.
 		rb, err := s.st.BatchReserve(ctx, b.ID, b.Version, s.cfg.SettleLease)

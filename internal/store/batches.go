@@ -786,6 +786,18 @@ func (s *Store) BatchReserve(ctx context.Context, id, version int64, lease time.
 		"next_check_at = CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND", "status IN (1, 4)", micros(lease))
 }
 
+// BatchPublishing reports whether an active batch without a recorded MR is under a
+// live publish reservation (DB clock): its publisher may be opening the MR now. A
+// settle that does not wait for it can fail the batch with no MR to close, and the
+// MR then opened and merged is one no loop records (the timeout sweep has the same
+// rule, qBatchesTimedOut).
+func (s *Store) BatchPublishing(ctx context.Context, id int64) (bool, error) {
+	var busy bool
+	err := s.db.GetContext(ctx, &busy, `SELECT COUNT(*) > 0 FROM merge_batch
+		WHERE id = ? AND status IN (1, 4) AND mr_iid IS NULL AND next_check_at > CURRENT_TIMESTAMP(6)`, id)
+	return busy, translate(err)
+}
+
 // BatchMarkDue makes an active batch with a recorded MR due for a check now (webhook
 // hint). It does not bump version: it is a scheduling hint, and bumping would make an
 // in-flight publish lose its guarded MR write.

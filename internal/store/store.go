@@ -59,6 +59,9 @@ var (
 	ErrStale = errors.New("stale")
 	// ErrIdempotencyKeyReused: the key was first used with a different request (HTTP 422).
 	ErrIdempotencyKeyReused = errors.New("idempotency key reused with a different request")
+	// ErrBatchPublishing: a batch without a recorded MR is under a live publish
+	// reservation — its publisher may be opening the MR right now (HTTP 409).
+	ErrBatchPublishing = errors.New("the batch is being published")
 )
 
 // errRollback is returned by a withTx callback that decided to roll back as a normal
