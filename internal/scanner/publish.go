@@ -152,8 +152,7 @@ func (l *publishLoop) publish(ctx context.Context, bp *store.Batch, log *slog.Lo
 			// make it say, and an MR without commits is one GitLab never merges (it
 			// reads as a conflict): the batch has succeeded as it stands.
 			l.s.m.outcomes.WithLabelValues("publish", "nothing_to_change").Inc()
-			log.Info("the repository already matches the batch; settling it without an MR", "operations", len(members))
-			_, err := l.s.settleSucceeded(ctx, b, log)
+			_, err := l.s.settleUnchanged(ctx, b, log)
 			return err
 		}
 		// Renew the reservation right before the MR exists, with a write guarded on the

@@ -262,6 +262,10 @@ func TestNothingToChangeSettlesWithoutAnMR(t *testing.T) {
 		t.Fatalf("%d MRs opened for it", n)
 	}
 	e.requireOps(ids, store.OpMerged)
+	var why int
+	if err := e.st.DB().Get(&why, "SELECT COUNT(*) FROM audit_event WHERE batch_id = ? AND code = ?", b.ID, store.EventBatchUnchanged); err != nil || why != 1 {
+		t.Fatalf("%d %s events for the batch (%v), want one saying why it has no MR", why, store.EventBatchUnchanged, err)
+	}
 	for _, id := range ids {
 		op, _ := e.st.OperationGet(bg, id)
 		bs, _ := e.st.BindingList(bg, op.Subject, op.Target, 0, 1)

@@ -159,16 +159,34 @@ func (s *Scanner) settleSucceeded(ctx context.Context, b store.Batch, log *slog.
 	if err != nil {
 		return b, err
 	}
-	s.step(ctx, "settle.succeeded", b.ID)
+	s.succeeded(ctx, nb, log)
+	log.Info("batch merged", "operations", nb.Size)
+	return nb, nil
+}
+
+// settleUnchanged settles a running batch whose changes the repository already has as
+// succeeded without an MR, guarded on the version read.
+func (s *Scanner) settleUnchanged(ctx context.Context, b store.Batch, log *slog.Logger) (store.Batch, error) {
+	nb, err := s.st.BatchSettleUnchanged(ctx, b.ID, b.Version)
+	if err != nil {
+		return b, err
+	}
+	s.succeeded(ctx, nb, log)
+	log.Info("batch succeeded without an MR: the repository already had every change", "operations", nb.Size)
+	return nb, nil
+}
+
+// succeeded is what follows a batch settled succeeded: metrics, and the next half or
+// retry group claimed at once when this batch was one.
+func (s *Scanner) succeeded(ctx context.Context, nb store.Batch, log *slog.Logger) {
+	s.step(ctx, "settle.succeeded", nb.ID)
 	s.m.settles.WithLabelValues("succeeded", "").Inc()
 	s.observeBatch(nb, "succeeded")
 	s.observeMerged(ctx, nb, log)
-	log.Info("batch merged", "operations", nb.Size)
 	if nb.Depth > 0 || nb.Kind != store.KindFirstTry {
 		// A bisection half or a retry merged: the next half may be waiting.
 		s.followUp(ctx, nb.Repo)
 	}
-	return nb, nil
 }
 
 // mergedAfterFailed applies "merged wins" to a FAILED batch whose MR merged anyway (a

@@ -50,9 +50,13 @@ type ClaimResult struct {
 // batch_failed and then one outcome event: failed (with the reason), retry_<class>,
 // bisected, culprit, closed_by_user or max_attempts (bisect.go).
 const (
-	EventBatchClaimed    = "batch_claimed"
-	EventBatchBlocked    = "batch_blocked"
-	EventBatchMerged     = "batch_merged"
+	EventBatchClaimed = "batch_claimed"
+	EventBatchBlocked = "batch_blocked"
+	EventBatchMerged  = "batch_merged"
+	// EventBatchUnchanged: the batch succeeded without an MR, the repository already
+	// having every change it makes (verify accepts a SUCCEEDED batch without an MR only
+	// with this event).
+	EventBatchUnchanged  = "batch_unchanged"
 	EventBatchFailed     = "batch_failed"
 	EventMemberClaimed   = "claimed"
 	EventMemberPublished = "published"
@@ -873,8 +877,22 @@ type settledOp struct {
 // Members of a bisection half (or of a retry of one) also get a bystander event: they
 // were in a failed batch and this merge clears them.
 func (s *Store) BatchSettleSucceeded(ctx context.Context, id int64, from BatchStatus, version int64) (Batch, error) {
+	return s.batchSettleSucceeded(ctx, id, from, version, false)
+}
+
+// BatchSettleUnchanged settles a RUNNING batch whose changes the repository already has
+// (every member a revoke of a file that is gone) as succeeded without an MR, like
+// BatchSettleSucceeded, with an EventBatchUnchanged saying why there is no MR.
+func (s *Store) BatchSettleUnchanged(ctx context.Context, id, version int64) (Batch, error) {
+	return s.batchSettleSucceeded(ctx, id, BatchRunning, version, true)
+}
+
+func (s *Store) batchSettleSucceeded(ctx context.Context, id int64, from BatchStatus, version int64, unchanged bool) (Batch, error) {
 	opFrom, grantFrom, revokeFrom := OpInBatch, BindingPending, BindingRevoking
-	detail := "merge request merged"
+	detail, code, suffix := "merge request merged", EventBatchMerged, "merged"
+	if unchanged {
+		detail, code, suffix = "the repository already had every change of the batch; no merge request was needed", EventBatchUnchanged, "unchanged"
+	}
 	switch from {
 	case BatchRunning, BatchBlocked:
 	case BatchFailed:
@@ -914,7 +932,7 @@ func (s *Store) BatchSettleSucceeded(ctx context.Context, id int64, from BatchSt
 		}
 		b.OperationIDs = members
 		settled := opIDsOf(ops)
-		if err := recordBatchEvents(ctx, tx, id, EventBatchMerged, "merged",
+		if err := recordBatchEvents(ctx, tx, id, code, suffix,
 			fmt.Sprintf("%s; %d of %d member(s) moved to %s", detail, len(ops), len(members), OpMerged),
 			EventMemberMerged, settled, fmt.Sprintf("batch %d merged: %s", id, detail)); err != nil {
 			return err

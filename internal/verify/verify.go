@@ -120,6 +120,10 @@ func (q *querier) sel(ctx context.Context, dest any, query string, args ...any) 
 	return q.conn.SelectContext(ctx, dest, query, args...)
 }
 
+// eventBatchUnchanged is store.EventBatchUnchanged, spelled out: the auditor reads the
+// tables the way an outside tool would, not through the store.
+const eventBatchUnchanged = "batch_unchanged"
+
 type batchRow struct {
 	ID     int64         `db:"id"`
 	Repo   string        `db:"repo"`
@@ -128,7 +132,8 @@ type batchRow struct {
 	Size   int           `db:"size"`
 }
 
-// batches: I1 (one active batch per repository), "a SUCCEEDED batch has an MR", and
+// batches: I1 (one active batch per repository), "a SUCCEEDED batch has an MR" (or
+// the event saying the repository already had its changes), and
 // "a batch's member history is what it claimed" (size = member rows, never none: the
 // claim writes both in one transaction and nothing adds members later).
 func (a *auditor) batches(ctx context.Context, q *querier) error {
@@ -157,6 +162,25 @@ func (a *auditor) batches(ctx context.Context, q *querier) error {
 				members[c.BatchID] = c.N
 			}
 		}
+		// A SUCCEEDED batch without an MR is one whose changes the repository already
+		// had (store.EventBatchUnchanged says so, written with the settle); any other is
+		// a batch marked merged that no MR merged.
+		unchanged := map[int64]bool{}
+		var noMR []int64
+		for _, b := range rows {
+			if b.Status == 2 && !b.MRIID.Valid {
+				noMR = append(noMR, b.ID)
+			}
+		}
+		if len(noMR) > 0 {
+			var ids []int64
+			if err := q.sel(ctx, &ids, "SELECT DISTINCT batch_id FROM audit_event WHERE batch_id IN (?) AND code = ?", noMR, eventBatchUnchanged); err != nil {
+				return fmt.Errorf("read batch events: %w", err)
+			}
+			for _, id := range ids {
+				unchanged[id] = true
+			}
+		}
 		for _, b := range rows {
 			id := fmt.Sprint(b.ID)
 			switch n := members[b.ID]; {
@@ -169,7 +193,7 @@ func (a *auditor) batches(ctx context.Context, q *querier) error {
 			case 1, 4:
 				active[b.Repo] = append(active[b.Repo], id)
 			case 2:
-				if !b.MRIID.Valid {
+				if !b.MRIID.Valid && !unchanged[b.ID] {
 					a.add("agreement", "merge_batch", "SUCCEEDED batch has no MR recorded", id)
 				}
 			case 3:

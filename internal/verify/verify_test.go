@@ -7,6 +7,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
 	"github.com/batcherd/batcherd/internal/verify"
 )
@@ -125,5 +126,20 @@ func TestEachViolationIsReported(t *testing.T) {
 				t.Fatalf("want a violation containing %q, got:\n%s", tc.want, b.String())
 			}
 		})
+	}
+}
+
+// A SUCCEEDED batch without an MR is clean when its settle recorded that the repository
+// already had every change (store.EventBatchUnchanged); without that event it is the
+// violation TestEachViolationIsReported shows.
+func TestUnchangedBatchWithoutMRIsClean(t *testing.T) {
+	st, _ := storetest.New(t)
+	seedConsistent(t, st.DB())
+	exec(t, st.DB(), "UPDATE merge_batch SET mr_iid = NULL WHERE id = 1")
+	exec(t, st.DB(), "INSERT INTO audit_event (dedupe_key, batch_id, code, detail) VALUES ('batch:1:unchanged', 1, ?, 'the repository already had every change')", store.EventBatchUnchanged)
+	if rep := run(t, st.DB()); !rep.Clean() {
+		var b strings.Builder
+		rep.Print(&b)
+		t.Fatalf("an unchanged batch without an MR is reported:\n%s", b.String())
 	}
 }
