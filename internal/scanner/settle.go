@@ -193,6 +193,18 @@ func (s *Scanner) succeeded(ctx context.Context, nb store.Batch, log *slog.Logge
 // human merged it, or a merge landed while the batch was being failed): guarded
 // FAILED → SUCCEEDED with its members, and an audit event saying why.
 func (s *Scanner) mergedAfterFailed(ctx context.Context, b store.Batch, m mr.MergeRequest, log *slog.Logger) error {
+	if b.MRIID == nil {
+		// The MR was found by its branch (the orphan sweep closing it, a publisher that
+		// lost its record): record it first, so the SUCCEEDED batch names the MR that
+		// merged it (verify: "SUCCEEDED batch has no MR recorded"). A crash between the
+		// two writes leaves a FAILED batch with its merged MR recorded, which the
+		// merged-wins sweep then settles.
+		rb, err := s.st.BatchRecordMRFailed(ctx, b.ID, b.Version, store.MRRecord{IID: m.IID, URL: m.WebURL, SHA: m.SHA})
+		if err != nil {
+			return err
+		}
+		b = rb
+	}
 	nb, err := s.st.BatchSettleSucceeded(ctx, b.ID, store.BatchFailed, b.Version)
 	if err != nil {
 		return err

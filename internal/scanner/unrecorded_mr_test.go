@@ -160,3 +160,43 @@ func TestPublishLeavesATimedOutBatch(t *testing.T) {
 		t.Fatalf("batch %s (%s), want failed %s", b.Status, b.ErrorCode, ClassUnavailable)
 	}
 }
+
+// Merged wins on a FAILED batch whose MR was never recorded (the orphan sweep found it
+// by its branch, or a publisher lost its record) records the MR before settling, so
+// the SUCCEEDED batch names the MR that merged it.
+func TestMergedAfterFailedRecordsAnUnrecordedMR(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
+	ids := storetest.InsertQueuedOps(t, e.st, repo, 2)
+	s := e.scanner("a", nil)
+	bg := context.Background()
+	res, _ := s.RunRound(bg, repo)
+	if err := s.publish.runOnce(bg); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := e.st.BatchGet(bg, res.BatchID)
+	iid := *b.MRIID
+	// As if its publisher had died before recording the MR, then the batch failed.
+	if _, err := e.st.DB().Exec("UPDATE merge_batch SET mr_iid = NULL, mr_url = '', mr_sha = '' WHERE id = ?", b.ID); err != nil {
+		t.Fatal(err)
+	}
+	b, _ = e.st.BatchGet(bg, b.ID)
+	fb, err := e.st.BatchSettleFailed(bg, b.ID, b.Status, b.Version, "test", "failed with its MR unrecorded")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sim.MergeMR(repo, iid); err != nil {
+		t.Fatal(err)
+	}
+	m, err := e.gl.GetMR(bg, repo, iid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.mergedAfterFailed(bg, fb, m, s.log); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := e.st.BatchGet(bg, b.ID)
+	if got.Status != store.BatchSucceeded || got.MRIID == nil || *got.MRIID != iid {
+		t.Fatalf("merged wins left batch %s with MR %v, want succeeded naming !%d", got.Status, got.MRIID, iid)
+	}
+	e.requireOps(ids, store.OpMerged)
+}

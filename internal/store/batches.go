@@ -819,6 +819,14 @@ func (s *Store) BatchMarkDue(ctx context.Context, id int64) error {
 	return err
 }
 
+// BatchRecordMRFailed records on a FAILED batch without one the MR that merged for its
+// branch after all (found by branch: its publisher never recorded it), so that merged
+// wins leaves a SUCCEEDED batch naming the MR that merged it. Guarded on version.
+func (s *Store) BatchRecordMRFailed(ctx context.Context, id, version int64, mr MRRecord) (Batch, error) {
+	return s.guardedBatchWrite(ctx, id, version, "mr_iid = ?, mr_url = ?, mr_sha = ?",
+		"status = 3 AND mr_iid IS NULL", mr.IID, truncRunes(mr.URL, 1024), mr.SHA)
+}
+
 // MRRecord is what publish records on a batch.
 type MRRecord struct {
 	IID int64
