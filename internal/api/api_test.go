@@ -742,7 +742,13 @@ func TestMetricsHistoryOnItsOwnClock(t *testing.T) {
 	}
 	e.mustCreate("jack", "t", "grant")
 	e.mustCreate("kim", "t", "grant")
-	has(scrape(), `batcherd_operations{status="queued"} 2`, `batcherd_operations{status="merged"} 0`, `batcherd_waiting_depth{repo="group/repo-a"} 3`)
+	has(scrape(), `batcherd_operations{status="queued"} 2`, `batcherd_operations{status="merged"} 0`, `batcherd_waiting_depth{repo="group/repo-a"} 3`,
+		`batcherd_bindings_expired_active 0`)
+	// Access that should have ended: ivy's binding is active past its expiry.
+	if _, err := e.st.DB().Exec("UPDATE binding SET status = 'active', expires_at = CURRENT_TIMESTAMP(6) - INTERVAL 1 MINUTE WHERE operation_id = ?", ivy); err != nil {
+		t.Fatal(err)
+	}
+	has(scrape(), `batcherd_bindings_expired_active 1`)
 
 	db.mu.Lock()
 	db.historyTTL, db.historyTimeout = 0, time.Nanosecond

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
 	"sync"
@@ -113,6 +114,7 @@ type dbCollector struct {
 	opsDesc    *prometheus.Desc
 	depthDesc  *prometheus.Desc
 	oldestDesc *prometheus.Desc
+	expDesc    *prometheus.Desc
 	errDesc    *prometheus.Desc
 	// The clocks of dbSampleTTL's comment (fields so tests can run them faster).
 	liveTTL, historyTTL, historyTimeout time.Duration
@@ -121,6 +123,7 @@ type dbCollector struct {
 	at         time.Time
 	live       map[store.OpStatus]int64 // nil: the last live sample failed
 	waiting    []store.RepoWaiting
+	expired    int64
 	liveFailed bool
 
 	historyAt      time.Time                // when the last count started
@@ -135,8 +138,10 @@ func newDBCollector(s *Server) *dbCollector {
 		opsDesc:    prometheus.NewDesc("batcherd_operations", "Operations by status (sampled from the database; finished statuses once a minute).", []string{"status"}, nil),
 		depthDesc:  prometheus.NewDesc("batcherd_waiting_depth", "Operations waiting to be claimed, per repository.", []string{"repo"}, nil),
 		oldestDesc: prometheus.NewDesc("batcherd_waiting_oldest_age_seconds", "Age of the oldest waiting operation per repository (database clock).", []string{"repo"}, nil),
-		errDesc:    prometheus.NewDesc("batcherd_metrics_sample_failed", "1 when the last database sample for metrics failed.", nil, nil),
-		liveTTL:    dbSampleTTL, historyTTL: historySampleTTL, historyTimeout: historySampleTimeout,
+		expDesc: prometheus.NewDesc("batcherd_bindings_expired_active",
+			"Active bindings past their expires_at: expiry has not revoked them yet, or their revoke failed and waits for an operator.", nil, nil),
+		errDesc: prometheus.NewDesc("batcherd_metrics_sample_failed", "1 when the last database sample for metrics failed.", nil, nil),
+		liveTTL: dbSampleTTL, historyTTL: historySampleTTL, historyTimeout: historySampleTimeout,
 	}
 }
 
@@ -144,6 +149,7 @@ func (c *dbCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.opsDesc
 	ch <- c.depthDesc
 	ch <- c.oldestDesc
+	ch <- c.expDesc
 	ch <- c.errDesc
 }
 
@@ -169,6 +175,7 @@ func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.live == nil {
 		return // no live sample: no numbers rather than made-up zeros
 	}
+	ch <- prometheus.MustNewConstMetric(c.expDesc, prometheus.GaugeValue, float64(c.expired))
 	seen := map[string]bool{}
 	for _, w := range c.waiting {
 		seen[w.Repo] = true
@@ -213,14 +220,15 @@ func (c *dbCollector) sampleLive() {
 	c.at = time.Now()
 	counts, err1 := c.s.st.OperationCounts(ctx, store.LiveOpStatuses...)
 	waiting, err2 := c.s.st.WaitingStats(ctx)
-	if err1 != nil || err2 != nil {
+	expired, err3 := c.s.st.BindingsExpiredActive(ctx)
+	if err := errors.Join(err1, err2, err3); err != nil {
 		if c.s.bg.Err() == nil {
-			c.s.log.Warn("metrics: database sample failed", "operations_err", err1, "waiting_err", err2)
+			c.s.log.Warn("metrics: database sample failed", "err", err)
 		}
 		c.live, c.waiting, c.liveFailed = nil, nil, true
 		return
 	}
-	c.live, c.waiting, c.liveFailed = counts, waiting, false
+	c.live, c.waiting, c.expired, c.liveFailed = counts, waiting, expired, false
 }
 
 // sampleHistory counts finished operations (in its own goroutine) and closes done.

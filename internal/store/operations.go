@@ -503,6 +503,16 @@ func (s *Store) BindingsExpired(ctx context.Context, limit int) ([]Binding, erro
 	return out, translate(err)
 }
 
+// BindingsExpiredActive counts active bindings past their expires_at (DB clock), for
+// whatever reason they are still active: expiry has not reached them yet, or their
+// revoke failed and waits for an operator. A metric: access that should have ended.
+// It reads idx_status_expires' range of active bindings already expired.
+func (s *Store) BindingsExpiredActive(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.db.GetContext(ctx, &n, `SELECT COUNT(*) FROM binding WHERE status = ? AND expires_at <= CURRENT_TIMESTAMP(6)`, BindingActive)
+	return n, translate(err)
+}
+
 // bindingColsOf is bindingCols qualified with a table alias.
 func bindingColsOf(alias string) string {
 	return alias + "." + strings.ReplaceAll(bindingCols, ", ", ", "+alias+".")

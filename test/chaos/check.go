@@ -58,7 +58,10 @@ func (r *run) idle(ctx context.Context) (bool, string) {
 	q("operations queued", "SELECT COUNT(*) FROM operation WHERE status = 'queued'")
 	q("operations in a batch", "SELECT COUNT(*) FROM operation WHERE status = 'in_batch'")
 	q("active batches", "SELECT COUNT(*) FROM merge_batch WHERE status IN (1, 4)")
-	q("expired bindings not yet revoked", "SELECT COUNT(*) FROM binding WHERE status = 'active' AND expires_at <= CURRENT_TIMESTAMP(6)")
+	// A binding whose expiry revoke failed stays active for the operator's retry:
+	// expiry does not start another (store.BindingsExpired).
+	q("expired bindings not yet revoked", `SELECT COUNT(*) FROM binding b LEFT JOIN operation o ON o.operation_id = b.operation_id
+		WHERE b.status = 'active' AND b.expires_at <= CURRENT_TIMESTAMP(6) AND NOT (o.action <=> 'revoke' AND o.status <=> 'failed')`)
 	if st, err := r.c.Sim.State(ctx); err != nil {
 		why = append(why, "simulator: "+err.Error())
 	} else if n := countOpen(st); n > 0 {
