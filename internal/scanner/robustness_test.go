@@ -399,3 +399,50 @@ func TestUnreadableFailureReasonWaits(t *testing.T) {
 		}
 	}
 }
+
+// A locked MR (GitLab is merging it) is looked at again, never settled on: reconcile
+// leaves it, an operator's settle is told it is still open (GitLab does not close a
+// locked MR), and once the merge lands the batch succeeds.
+func TestLockedMRIsWaitedFor(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
+	ids := storetest.InsertQueuedOps(t, e.st, repo, 2)
+	s := e.scanner("a", func(c *Config) { c.MergeMode = MergeManual })
+	bg := context.Background()
+	res, _ := s.RunRound(bg, repo)
+	if err := s.publish.runOnce(bg); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := e.st.BatchGet(bg, res.BatchID)
+	if err := e.sim.LockMR(repo, *b.MRIID); err != nil {
+		t.Fatal(err)
+	}
+	due := func() {
+		if _, err := e.st.DB().Exec("UPDATE merge_batch SET next_check_at = CURRENT_TIMESTAMP(6) WHERE id = ?", b.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	due()
+	if err := s.reconcile.runOnce(bg); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := e.st.BatchGet(bg, b.ID); !got.Status.Active() {
+		t.Fatalf("reconcile settled a batch whose MR is being merged: %s/%s", got.Status, got.ErrorCode)
+	}
+	if _, err := s.SettleBatch(bg, b.ID); !errors.Is(err, mr.ErrStillOpen) {
+		t.Fatalf("settling a batch whose MR is being merged: %v, want mr.ErrStillOpen", err)
+	}
+	if m, _ := e.sim.MR(repo, *b.MRIID); m.State != "locked" {
+		t.Fatalf("the locked MR is %s", m.State)
+	}
+	if err := e.sim.UnlockMR(repo, *b.MRIID, true); err != nil {
+		t.Fatal(err)
+	}
+	due()
+	if err := s.reconcile.runOnce(bg); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := e.st.BatchGet(bg, b.ID); got.Status != store.BatchSucceeded {
+		t.Fatalf("after the merge landed: %s/%s, want succeeded", got.Status, got.ErrorCode)
+	}
+	e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+}

@@ -105,8 +105,10 @@ func (s *Sim) doMerge(p *project, m *mergeRequest, sha string, human bool) error
 	return nil
 }
 
+// closeMR closes an open MR. As in GitLab (close transitions only from opened), a
+// locked MR — one being merged — stays as it is, and the caller reads it back locked.
 func (s *Sim) closeMR(p *project, m *mergeRequest) {
-	if m.state != "opened" && m.state != "locked" {
+	if m.state != "opened" {
 		return
 	}
 	now := s.now()

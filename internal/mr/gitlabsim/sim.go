@@ -508,6 +508,40 @@ func (s *Sim) OpenMR(project, sourceBranch, targetBranch string, labels []string
 	return m.iid, nil
 }
 
+// LockMR puts an open MR in the state GitLab shows while it merges it (locked): it
+// can neither be closed nor merged until UnlockMR ends the merge, merged or not.
+func (s *Sim) LockMR(project string, iid int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, m, err := s.mrLocked(project, iid)
+	if err != nil {
+		return err
+	}
+	if m.state != "opened" {
+		return errors.New("gitlabsim: merge request is " + m.state)
+	}
+	m.state, m.updatedAt = "locked", s.now()
+	return nil
+}
+
+// UnlockMR ends the merge of a locked MR: merged, or back to open (the merge failed).
+func (s *Sim) UnlockMR(project string, iid int64, merged bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, m, err := s.mrLocked(project, iid)
+	if err != nil {
+		return err
+	}
+	if m.state != "locked" {
+		return errors.New("gitlabsim: merge request is " + m.state)
+	}
+	m.state, m.updatedAt = "opened", s.now()
+	if merged {
+		return s.doMerge(p, m, "", false)
+	}
+	return nil
+}
+
 // MergeMR merges an MR as a human would, regardless of its pipeline. It fails on
 // conflicts or when the MR is not open.
 func (s *Sim) MergeMR(project string, iid int64) error {
