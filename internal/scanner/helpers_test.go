@@ -211,3 +211,30 @@ func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// published runs a claim round of repo and a publish pass with s, and returns the batch
+// as published (with its MR recorded).
+func (e *env) published(s *Scanner, repo string) store.Batch {
+	e.t.Helper()
+	bg := context.Background()
+	res, err := s.RunRound(bg, repo)
+	if err != nil || res.Outcome != store.ClaimClaimed {
+		e.t.Fatalf("round: %+v %v", res, err)
+	}
+	if err := s.publish.runOnce(bg); err != nil {
+		e.t.Fatal(err)
+	}
+	b, err := e.st.BatchGet(bg, res.BatchID)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return b
+}
+
+// due makes a batch due for its next check now.
+func (e *env) due(id int64) {
+	e.t.Helper()
+	if _, err := e.st.DB().Exec("UPDATE merge_batch SET next_check_at = CURRENT_TIMESTAMP(6) WHERE id = ?", id); err != nil {
+		e.t.Fatal(err)
+	}
+}

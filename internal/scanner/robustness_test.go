@@ -208,15 +208,9 @@ func TestMergedWinsReachesEveryFailedBatch(t *testing.T) {
 	var lastIDs []string
 	for i := 0; i < 5; i++ {
 		ids := storetest.InsertQueuedOps(t, e.st, repo, 1)
-		res, err := s.RunRound(bg, repo)
-		if err != nil || res.Outcome != store.ClaimClaimed {
-			t.Fatalf("round %d: %+v %v", i, res, err)
-		}
-		if err := s.publish.runOnce(bg); err != nil {
-			t.Fatal(err)
-		}
-		b, _ := e.st.BatchGet(bg, res.BatchID)
+		b := e.published(s, repo)
 		// Failed in the database only, its MR left as it is.
+		var err error
 		if last, err = e.st.BatchSettleFailed(bg, b.ID, b.Status, b.Version, "test", "failed behind its MR"); err != nil {
 			t.Fatal(err)
 		}
@@ -283,24 +277,18 @@ func TestHeadMovedBlocksEvenWhenItsPipelineFails(t *testing.T) {
 	ids := storetest.InsertQueuedOps(t, e.st, repo, 4)
 	s := e.scanner("a", nil) // isolate, the default
 	bg := context.Background()
-	res, _ := s.RunRound(bg, repo)
-	if err := s.publish.runOnce(bg); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := e.st.BatchGet(bg, res.BatchID)
+	b := e.published(s, repo)
 	if _, err := e.gl.CommitFiles(bg, repo, store.BranchName(b.ID), 999999, "a human's fix", []mr.FileAction{{Path: "human.txt", Content: "x\n"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.sim.FailMRPipeline(repo, *b.MRIID, "script_failure"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.st.DB().Exec("UPDATE merge_batch SET next_check_at = CURRENT_TIMESTAMP(6) WHERE id = ?", b.ID); err != nil {
-		t.Fatal(err)
-	}
+	e.due(b.ID)
 	if err := s.reconcile.runOnce(bg); err != nil {
 		t.Fatal(err)
 	}
-	b, _ = e.st.BatchGet(bg, res.BatchID)
+	b, _ = e.st.BatchGet(bg, b.ID)
 	if b.Status != store.BatchBlocked || b.ErrorCode != CodeHeadMoved {
 		t.Fatalf("pipeline failed on a human's push: batch %s/%s, want blocked/%s", b.Status, b.ErrorCode, CodeHeadMoved)
 	}
@@ -329,9 +317,7 @@ func TestCulpritSettleClaimsTheNextHalf(t *testing.T) {
 		if err := e.sim.FailMRPipeline(repo, *act[0].MRIID, "script_failure"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.st.DB().Exec("UPDATE merge_batch SET next_check_at = CURRENT_TIMESTAMP(6) WHERE id = ?", act[0].ID); err != nil {
-			t.Fatal(err)
-		}
+		e.due(act[0].ID)
 		if err := s.reconcile.runOnce(bg); err != nil {
 			t.Fatal(err)
 		}
@@ -362,21 +348,12 @@ func TestUnreadableFailureReasonWaits(t *testing.T) {
 	ids := storetest.InsertQueuedOps(t, e.st, repo, 1)
 	s := e.scanner("a", nil)
 	bg := context.Background()
-	res, _ := s.RunRound(bg, repo)
-	if err := s.publish.runOnce(bg); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := e.st.BatchGet(bg, res.BatchID)
+	b := e.published(s, repo)
 	if err := e.sim.FailMRPipeline(repo, *b.MRIID, "runner_system_failure"); err != nil {
 		t.Fatal(err)
 	}
 	refused := e.sim.InjectFault(gitlabsim.Fault{Method: "GET", Route: "/projects/:id/pipelines/:pid/jobs", Status: 403})
-	due := func() {
-		if _, err := e.st.DB().Exec("UPDATE merge_batch SET next_check_at = CURRENT_TIMESTAMP(6) WHERE id = ?", b.ID); err != nil {
-			t.Fatal(err)
-		}
-	}
-	due()
+	e.due(b.ID)
 	_ = s.reconcile.runOnce(bg) // the item fails: the reason could not be read
 	if e.sim.FaultApplied(refused) == 0 {
 		t.Fatal("the jobs listing was not read")
@@ -385,7 +362,7 @@ func TestUnreadableFailureReasonWaits(t *testing.T) {
 		t.Fatalf("batch settled on a reason it could not read: %s/%s", got.Status, got.ErrorCode)
 	}
 	e.sim.ClearFaults()
-	due()
+	e.due(b.ID)
 	if err := s.reconcile.runOnce(bg); err != nil {
 		t.Fatal(err)
 	}
@@ -408,20 +385,11 @@ func TestLockedMRIsWaitedFor(t *testing.T) {
 	ids := storetest.InsertQueuedOps(t, e.st, repo, 2)
 	s := e.scanner("a", func(c *Config) { c.MergeMode = MergeManual })
 	bg := context.Background()
-	res, _ := s.RunRound(bg, repo)
-	if err := s.publish.runOnce(bg); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := e.st.BatchGet(bg, res.BatchID)
+	b := e.published(s, repo)
 	if err := e.sim.LockMR(repo, *b.MRIID); err != nil {
 		t.Fatal(err)
 	}
-	due := func() {
-		if _, err := e.st.DB().Exec("UPDATE merge_batch SET next_check_at = CURRENT_TIMESTAMP(6) WHERE id = ?", b.ID); err != nil {
-			t.Fatal(err)
-		}
-	}
-	due()
+	e.due(b.ID)
 	if err := s.reconcile.runOnce(bg); err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +405,7 @@ func TestLockedMRIsWaitedFor(t *testing.T) {
 	if err := e.sim.UnlockMR(repo, *b.MRIID, true); err != nil {
 		t.Fatal(err)
 	}
-	due()
+	e.due(b.ID)
 	if err := s.reconcile.runOnce(bg); err != nil {
 		t.Fatal(err)
 	}

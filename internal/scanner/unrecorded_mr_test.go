@@ -169,11 +169,7 @@ func TestMergedAfterFailedRecordsAnUnrecordedMR(t *testing.T) {
 	ids := storetest.InsertQueuedOps(t, e.st, repo, 2)
 	s := e.scanner("a", nil)
 	bg := context.Background()
-	res, _ := s.RunRound(bg, repo)
-	if err := s.publish.runOnce(bg); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := e.st.BatchGet(bg, res.BatchID)
+	b := e.published(s, repo)
 	iid := *b.MRIID
 	// As if its publisher had died before recording the MR, then the batch failed.
 	if _, err := e.st.DB().Exec("UPDATE merge_batch SET mr_iid = NULL, mr_url = '', mr_sha = '' WHERE id = ?", b.ID); err != nil {
