@@ -156,7 +156,16 @@ type glJob struct {
 	Status        string `json:"status"`
 	AllowFailure  bool   `json:"allow_failure"`
 	FailureReason string `json:"failure_reason"`
+	// DownstreamPipeline is set on a trigger (bridge) job: the pipeline it started.
+	DownstreamPipeline *struct {
+		ID        int64 `json:"id"`
+		ProjectID int64 `json:"project_id"`
+	} `json:"downstream_pipeline"`
 }
+
+// maxPipelineDepth bounds how far firstFailureReason follows trigger jobs into
+// downstream pipelines (GitLab nests child pipelines at most two levels deep).
+const maxPipelineDepth = 3
 
 // raw runs one request built by client-go and decodes the answer into out.
 func (c *Client) raw(ctx context.Context, op, method, path string, opt, out any) error {
@@ -361,15 +370,47 @@ func (c *Client) withFailureReason(ctx context.Context, project string, mr Merge
 }
 
 // firstFailureReason returns the failure_reason of the earliest failed job of a
-// pipeline.
+// pipeline. A pipeline whose jobs did not fail but whose trigger (bridge) job did —
+// parent/child and multi-project pipelines, whose jobs run downstream — gets the reason
+// of its downstream pipeline: GitLab's jobs listing leaves trigger jobs out, and
+// without following them every such failure read as unknown.
 func (c *Client) firstFailureReason(ctx context.Context, project string, pipelineID int64) (string, error) {
-	var jobs []glJob
+	return c.failureReasonAt(ctx, project, pipelineID, 0)
+}
+
+func (c *Client) failureReasonAt(ctx context.Context, project string, pipelineID int64, depth int) (string, error) {
 	scope := []gitlab.BuildStateValue{gitlab.Failed}
-	err := c.raw(ctx, "list_failed_jobs", http.MethodGet, projectPath(project, "pipelines", strconv.FormatInt(pipelineID, 10), "jobs"),
-		&gitlab.ListJobsOptions{ListOptions: gitlab.ListOptions{PerPage: 100}, Scope: &scope}, &jobs)
-	if err != nil {
+	opt := &gitlab.ListJobsOptions{ListOptions: gitlab.ListOptions{PerPage: 100}, Scope: &scope}
+	var jobs []glJob
+	if err := c.raw(ctx, "list_failed_jobs", http.MethodGet, projectPath(project, "pipelines", strconv.FormatInt(pipelineID, 10), "jobs"), opt, &jobs); err != nil {
 		return "", err
 	}
+	if first := firstFailed(jobs); first != nil {
+		return first.FailureReason, nil
+	}
+	if depth >= maxPipelineDepth {
+		return "", nil
+	}
+	var bridges []glJob
+	if err := c.raw(ctx, "list_failed_bridges", http.MethodGet, projectPath(project, "pipelines", strconv.FormatInt(pipelineID, 10), "bridges"), opt, &bridges); err != nil {
+		return "", err
+	}
+	first := firstFailed(bridges)
+	if first == nil {
+		return "", nil
+	}
+	if first.DownstreamPipeline == nil || first.DownstreamPipeline.ID == 0 {
+		return first.FailureReason, nil // the trigger itself failed (downstream never created)
+	}
+	down := project
+	if first.DownstreamPipeline.ProjectID != 0 {
+		down = strconv.FormatInt(first.DownstreamPipeline.ProjectID, 10)
+	}
+	return c.failureReasonAt(ctx, down, first.DownstreamPipeline.ID, depth+1)
+}
+
+// firstFailed is the earliest failed job that is allowed to fail the pipeline.
+func firstFailed(jobs []glJob) *glJob {
 	var first *glJob
 	for i := range jobs {
 		j := &jobs[i]
@@ -380,10 +421,7 @@ func (c *Client) firstFailureReason(ctx context.Context, project string, pipelin
 			first = j
 		}
 	}
-	if first == nil {
-		return "", nil
-	}
-	return first.FailureReason, nil
+	return first
 }
 
 // SetAutoMerge arms "merge when pipeline succeeds", guarded by sha. If the pipeline

@@ -491,6 +491,23 @@ func TestListOpenLabeledAllPages(t *testing.T) {
 	}
 }
 
+// In parent/child pipelines the parent's own jobs list is empty (GitLab leaves trigger
+// jobs out of it): why the pipeline failed is found through its trigger job in the
+// child pipeline, not read as unknown.
+func TestFailureReasonOfAChildPipeline(t *testing.T) {
+	sim, c := setup(t, gitlabsim.Options{ChildPipelines: true})
+	must0(sim.AddPoison(proj, gitlabsim.PoisonRule{Substring: "mallory", FailureReason: "runner_system_failure"}))
+	m, _ := publish(t, c, 1, []mr.FileAction{grant("mallory", "db")})
+	if m.PipelineStatus != "failed" || m.FailureReason != "runner_system_failure" || m.FailureReasonErr != nil {
+		t.Fatalf("failed parent pipeline: status %q reason %q (%v), want the child's runner_system_failure",
+			m.PipelineStatus, m.FailureReason, m.FailureReasonErr)
+	}
+	ok, _ := publish(t, c, 2, []mr.FileAction{grant("alice", "db")})
+	if ok.PipelineStatus != "success" || ok.FailureReason != "" {
+		t.Fatalf("succeeded parent pipeline: %q %q", ok.PipelineStatus, ok.FailureReason)
+	}
+}
+
 func TestPipelineFailureReasonAndConflicts(t *testing.T) {
 	sim, c := setup(t, gitlabsim.Options{})
 	must0(sim.AddPoison(proj, gitlabsim.PoisonRule{Substring: "mallory", FailureReason: "runner_system_failure"}))

@@ -28,6 +28,7 @@ func init() {
 	addRoute(http.MethodPost, "/projects/:id/merge_requests/:iid/cancel_merge_when_pipeline_succeeds", cancelAutoMerge)
 	addRoute(http.MethodGet, "/projects/:id/pipelines/:pid", getPipeline)
 	addRoute(http.MethodGet, "/projects/:id/pipelines/:pid/jobs", listPipelineJobs)
+	addRoute(http.MethodGet, "/projects/:id/pipelines/:pid/bridges", listPipelineBridges)
 }
 
 func ok(status int, body any) (*reply, *apiError) { return &reply{status: status, body: body}, nil }
@@ -661,6 +662,21 @@ func getPipeline(s *Sim, q *req) (*reply, *apiError) {
 		return nil, e
 	}
 	return ok(http.StatusOK, s.pipelineJSON(q.proj, pl))
+}
+
+// listPipelineBridges lists a pipeline's trigger jobs (GitLab leaves them out of the
+// jobs listing), filtered by scope like the jobs.
+func listPipelineBridges(s *Sim, q *req) (*reply, *apiError) {
+	pl, e := q.findPipeline()
+	if e != nil {
+		return nil, e
+	}
+	out := []any{}
+	scope, hasScope := q.list("scope")
+	if pl.child != nil && (!hasScope || len(scope) == 0 || slices.Contains(scope, pl.child.status)) {
+		out = append(out, s.bridgeJSON(q.proj, pl))
+	}
+	return &reply{status: http.StatusOK, body: out}, nil
 }
 
 func listPipelineJobs(s *Sim, q *req) (*reply, *apiError) {

@@ -75,9 +75,13 @@ func (s *Sim) branchJSON(p *project, name string) map[string]any {
 }
 
 func (s *Sim) pipelineBasicJSON(p *project, pl *pipeline) map[string]any {
+	source := "push"
+	if pl.parent != nil {
+		source = "parent_pipeline"
+	}
 	return map[string]any{
 		"id": pl.id, "iid": pl.iid, "project_id": p.id, "sha": pl.sha, "ref": pl.ref, "status": pl.status,
-		"source": "push", "created_at": ts(pl.createdAt), "updated_at": ts(pl.updatedAt),
+		"source": source, "created_at": ts(pl.createdAt), "updated_at": ts(pl.updatedAt),
 		"web_url": s.webBase() + "/" + p.path + "/-/pipelines/" + strconv.FormatInt(pl.id, 10),
 	}
 }
@@ -107,6 +111,20 @@ func (s *Sim) pipelineJSON(p *project, pl *pipeline) map[string]any {
 		"illustration": nil, "favicon": "/assets/ci_favicons/favicon_status_" + pl.status + ".png",
 	}
 	return out
+}
+
+// bridgeJSON is a pipeline's trigger job as GET …/pipelines/:id/bridges lists it,
+// with its downstream (child) pipeline.
+func (s *Sim) bridgeJSON(p *project, pl *pipeline) map[string]any {
+	c := pl.child
+	return map[string]any{
+		"id": pl.bridgeID, "name": "trigger-tests", "stage": "test", "status": c.status, "ref": pl.ref,
+		"tag": false, "allow_failure": false, "created_at": ts(pl.createdAt), "started_at": tsPtr(pl.startedAt),
+		"finished_at": tsPtr(c.finishedAt), "user": s.userJSON(),
+		"pipeline":            s.pipelineBasicJSON(p, pl),
+		"downstream_pipeline": s.pipelineBasicJSON(p, c),
+		"web_url":             s.webBase() + "/" + p.path + "/-/jobs/" + strconv.FormatInt(pl.bridgeID, 10),
+	}
 }
 
 func (s *Sim) jobJSON(p *project, pl *pipeline, j *job) map[string]any {

@@ -18,12 +18,13 @@ func (s *Sim) mrSHA(p *project, m *mergeRequest) string {
 	return m.frozenSHA
 }
 
-// headPipeline is the latest pipeline for the MR's source branch at its head sha.
+// headPipeline is the latest pipeline for the MR's source branch at its head sha (a
+// child pipeline is never an MR's head pipeline: its parent is).
 func (s *Sim) headPipeline(p *project, m *mergeRequest) *pipeline {
 	sha := s.mrSHA(p, m)
 	for i := len(p.pipelines) - 1; i >= 0; i-- {
 		pl := p.pipelines[i]
-		if pl.ref == m.source && pl.sha == sha {
+		if pl.ref == m.source && pl.sha == sha && pl.parent == nil {
 			return pl
 		}
 	}
@@ -131,6 +132,18 @@ func (s *Sim) createPipeline(p *project, ref, sha string) *pipeline {
 		planned: "success",
 	}
 	pl.jobs = []*job{{id: s.nextJobID, name: "test", stage: "test", status: "running", createdAt: now, startedAt: &now}}
+	if s.opts.ChildPipelines {
+		// The job moves to a child pipeline the parent's bridge job triggers.
+		s.nextPipeID++
+		s.nextJobID++
+		child := &pipeline{
+			id: s.nextPipeID, iid: int64(len(p.pipelines) + 2), projectID: p.id,
+			sha: sha, ref: ref, status: "running", createdAt: now, startedAt: &now, updatedAt: now,
+			jobs: pl.jobs, parent: pl,
+		}
+		pl.jobs, pl.child, pl.bridgeID = nil, child, s.nextJobID
+		defer func() { p.pipelines = append(p.pipelines, child) }()
+	}
 	if reason, bad := s.poisoned(p, sha); bad {
 		pl.planned, pl.plannedReason = "failed", reason
 	} else if s.opts.FailureRate > 0 && s.rng.Float64() < s.opts.FailureRate {
@@ -193,6 +206,11 @@ func (s *Sim) poisoned(p *project, sha string) (string, bool) {
 
 // finishPipeline sets a pipeline's final status and lets armed MRs merge.
 func (s *Sim) finishPipeline(p *project, pl *pipeline, status, reason string) {
+	if pl.child != nil {
+		// The child's jobs fail with the reason; the parent (and its bridge) follow
+		// the child's status.
+		s.finishPipeline(p, pl.child, status, reason)
+	}
 	now := s.now()
 	pl.status = status
 	pl.finishedAt = &now
@@ -206,8 +224,8 @@ func (s *Sim) finishPipeline(p *project, pl *pipeline, status, reason string) {
 			j.failureReason = reason
 		}
 	}
-	if status != "success" {
-		return
+	if status != "success" || pl.parent != nil {
+		return // armed MRs merge on their head (parent) pipeline
 	}
 	for _, m := range p.mrs {
 		if !m.autoMerge || m.state != "opened" || m.source != pl.ref {

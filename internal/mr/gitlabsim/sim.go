@@ -53,6 +53,10 @@ type Options struct {
 	PipelineDuration time.Duration
 	// ManualPipelines keeps pipelines running until FailPipeline/SucceedPipeline.
 	ManualPipelines bool
+	// ChildPipelines runs every pipeline's job in a child pipeline its trigger (bridge)
+	// job starts, as parent/child pipelines do: the parent's own job list is empty, and
+	// why it failed is in the child's jobs, reached through GET …/pipelines/:id/bridges.
+	ChildPipelines bool
 	// FailureRate is the probability (0..1) that a pipeline fails by itself, with
 	// FailureReason (default "script_failure").
 	FailureRate   float64
@@ -152,6 +156,11 @@ type pipeline struct {
 	jobs          []*job
 	planned       string // outcome decided at creation: success or failed
 	plannedReason string
+	// child is the downstream pipeline of this pipeline's bridge job (ChildPipelines),
+	// bridgeID that job's id; parent is set on the child (source parent_pipeline).
+	child    *pipeline
+	bridgeID int64
+	parent   *pipeline
 }
 
 type job struct {
