@@ -219,6 +219,15 @@ func (c *Client) EnsureBranch(ctx context.Context, project, branch, ref string) 
 	return err
 }
 
+// DeleteBranch deletes a branch; one that is not there is fine.
+func (c *Client) DeleteBranch(ctx context.Context, project, branch string) error {
+	err := c.raw(ctx, "delete_branch", http.MethodDelete, projectPath(project, "repository/branches", gitlab.PathEscape(branch)), nil, nil)
+	if ClassOf(err) == ClassNotFound {
+		return nil
+	}
+	return err
+}
+
 // getBranch reads a branch; found=false when GitLab says it is not there.
 func (c *Client) getBranch(ctx context.Context, project, branch string) (*glBranch, bool, error) {
 	var b glBranch

@@ -147,6 +147,12 @@ func (g *instrumented) EnsureBranch(ctx context.Context, project, branch, ref st
 	return err
 }
 
+func (g *instrumented) DeleteBranch(ctx context.Context, project, branch string) error {
+	err := g.gl.DeleteBranch(ctx, project, branch)
+	g.count("delete_branch", err)
+	return err
+}
+
 func (g *instrumented) CommitFiles(ctx context.Context, project, branch string, batchID int64, message string, files []mr.FileAction) (mr.Commit, error) {
 	c, err := g.gl.CommitFiles(ctx, project, branch, batchID, message, files)
 	g.count("commit_files", err)

@@ -152,8 +152,15 @@ func (l *publishLoop) publish(ctx context.Context, bp *store.Batch, log *slog.Lo
 			// make it say, and an MR without commits is one GitLab never merges (it
 			// reads as a conflict): the batch has succeeded as it stands.
 			l.s.m.outcomes.WithLabelValues("publish", "nothing_to_change").Inc()
-			_, err := l.s.settleUnchanged(ctx, b, log)
-			return err
+			if _, err := l.s.settleUnchanged(ctx, b, log); err != nil {
+				return err
+			}
+			// The branch carries nothing; leave no stray branch behind. Best effort: a
+			// branch left over (an error here, a crash before) harms nothing.
+			if err := l.s.gl.DeleteBranch(ctx, b.Repo, branch); err != nil && !isCanceled(err) {
+				log.Info("deleting the unneeded batch branch failed; it can be deleted by hand", "branch", branch, "err", err)
+			}
+			return nil
 		}
 		// Renew the reservation right before the MR exists, with a write guarded on the
 		// version reserved. The branch and commit may have taken long (retries, a slow

@@ -255,6 +255,9 @@ func TestNothingToChangeSettlesWithoutAnMR(t *testing.T) {
 	if n := len(e.sim.MRsByBranch(repo)); n != 0 {
 		t.Fatalf("%d MRs opened for it", n)
 	}
+	if _, ok := e.sim.Branches(repo)[store.BranchName(b.ID)]; ok {
+		t.Fatal("the empty batch branch was left behind")
+	}
 	e.requireOps(ids, store.OpMerged)
 	var why int
 	if err := e.st.DB().Get(&why, "SELECT COUNT(*) FROM audit_event WHERE batch_id = ? AND code = ?", b.ID, store.EventBatchUnchanged); err != nil || why != 1 {

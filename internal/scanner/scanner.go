@@ -20,6 +20,7 @@ import (
 // Declared here (not in mr) so the loops depend on the smallest surface they use.
 type GitLab interface {
 	EnsureBranch(ctx context.Context, project, branch, ref string) error
+	DeleteBranch(ctx context.Context, project, branch string) error
 	CommitFiles(ctx context.Context, project, branch string, batchID int64, message string, files []mr.FileAction) (mr.Commit, error)
 	FindMR(ctx context.Context, project, sourceBranch string) (mr.MergeRequest, bool, error)
 	EnsureMR(ctx context.Context, project string, spec mr.MRSpec) (mr.MergeRequest, error)
