@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/sethvargo/go-envconfig"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/batcherd/batcherd/internal/config"
 )

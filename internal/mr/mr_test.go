@@ -13,7 +13,7 @@ import (
 
 	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 const proj = "platform/access-bindings"
