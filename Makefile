@@ -5,7 +5,7 @@ PKGS      ?= ./...
 # Tests use their own databases on this server (created and dropped per test package).
 export BATCHERD_TEST_DSN ?= batcherd:batcherd@tcp(127.0.0.1:3306)/
 
-.PHONY: help db test test-race test-short lint build bench demo run chaos clean
+.PHONY: help db test-deps test test-race test-short lint build bench demo run chaos clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -13,7 +13,10 @@ help: ## list targets
 db: ## make sure MariaDB runs and the test user exists (installs it on a fresh Debian)
 	@scripts/mariadb-bootstrap.sh
 
-test: db ## the test command: bootstrap MariaDB, go vet, go test -race
+test-deps: ## install what the suite needs beyond Go, git and make when missing (gcc, libc6-dev for -race; as root with apt-get)
+	@scripts/test-deps.sh
+
+test: db test-deps ## the test command: bootstrap MariaDB, install test tools, go vet, go test -race
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 12m $(PKGS)
 
