@@ -5,7 +5,7 @@ PKGS      ?= ./...
 # Tests use their own databases on this server (created and dropped per test package).
 export BATCHERD_TEST_DSN ?= batcherd:batcherd@tcp(127.0.0.1:3306)/
 
-.PHONY: help db test-deps test test-race test-short lint build bench demo run chaos clean
+.PHONY: help db test-deps openapi-lint test test-race test-short lint build bench demo run chaos clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -16,7 +16,10 @@ db: ## make sure MariaDB runs and the test user exists (installs it on a fresh D
 test-deps: ## install what the suite needs beyond Go, git and make when missing (gcc, libc6-dev for -race; as root with apt-get)
 	@scripts/test-deps.sh
 
-test: db test-deps ## the test command: bootstrap MariaDB, install test tools, go vet, go test -race
+openapi-lint: ## validate api/openapi.yaml with an independent OpenAPI validator (kin-openapi, installed into bin/tools when missing)
+	@scripts/openapi-lint.sh
+
+test: db test-deps openapi-lint ## the test command: bootstrap MariaDB, install test tools, lint api/openapi.yaml, go vet, go test -race
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 12m $(PKGS)
 

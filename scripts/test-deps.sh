@@ -12,6 +12,10 @@
 # where the check succeeds when the requirement is met (`have TOOL` for a command on PATH,
 # or any function defined here). The packages of every failed check are installed together.
 #
+# Go tools the suite runs are Go modules pinned by version, installed from the Go module
+# proxy by the script that runs them (scripts/openapi-lint.sh: kin-openapi's validator),
+# not Debian packages: they need nothing here beyond the Go toolchain.
+#
 # TEST_DEPS_DRY_RUN=1 only says what it would install (exit 3 when something is missing).
 set -euo pipefail
 

@@ -97,7 +97,7 @@ func newEnv(t *testing.T, mut func(*Config)) *env {
 		t.Fatal(err)
 	}
 	e.api = s
-	e.srv = httptest.NewServer(s)
+	e.srv = httptest.NewServer(declaredOnly(t, s, t.Errorf))
 	t.Cleanup(e.srv.Close)
 	return e
 }
