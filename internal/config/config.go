@@ -137,93 +137,129 @@ type Need struct {
 }
 
 // Validate checks the settings a subcommand needs and returns every problem at once,
-// each naming its variable.
+// each naming its variable. Each group of settings has its own step below.
 func (c *Config) Validate(n Need) error {
-	var errs []error
-	bad := func(name, format string, a ...any) {
-		errs = append(errs, fmt.Errorf("%s%s: %s", Prefix, name, fmt.Sprintf(format, a...)))
-	}
-	if n.DB && c.MySQLDSN == "" {
-		bad("MYSQL_DSN", "is required (or BATCHERD_MYSQL_DSN_FILE), e.g. batcherd:secret@tcp(db:3306)/batcherd")
+	var p problems
+	if n.DB {
+		c.validateDB(&p)
 	}
 	if c.MySQLMaxConn < 2 {
-		bad("MYSQL_MAX_CONNS", "must be at least 2, got %d", c.MySQLMaxConn)
+		p.bad("MYSQL_MAX_CONNS", "must be at least 2, got %d", c.MySQLMaxConn)
 	}
 	if n.GitLab {
-		if c.GitLabURL == "" {
-			bad("GITLAB_URL", "is required, e.g. https://gitlab.example.com")
-		} else if !strings.HasPrefix(c.GitLabURL, "http://") && !strings.HasPrefix(c.GitLabURL, "https://") {
-			bad("GITLAB_URL", "must start with http:// or https://")
-		}
-		if c.GitLabToken == "" {
-			bad("GITLAB_TOKEN", "is required (or BATCHERD_GITLAB_TOKEN_FILE): a token with api scope")
-		}
-		if len(c.Repos) == 0 {
-			bad("REPOS", "is required: comma-separated GitLab project paths, e.g. platform/access-bindings")
-		}
-		if c.GitLabTimeout <= 0 {
-			bad("GITLAB_TIMEOUT", "must be positive")
-		}
-		if c.TargetBranch == "" {
-			bad("TARGET_BRANCH", "must not be empty")
-		}
+		c.validateGitLab(&p)
 	}
 	if n.Serve {
-		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
-			bad("HTTP_ADDR", "must be host:port or :port, got %q", c.HTTPAddr)
-		}
-		if len(c.APITokens) == 0 && len(c.AdminTokens) == 0 && !c.InsecureNoAuth {
-			bad("API_TOKENS", "no API or admin token is set: set BATCHERD_API_TOKENS and BATCHERD_ADMIN_TOKENS, or BATCHERD_INSECURE_NO_AUTH=true for development")
-		}
-		if _, err := cron.ParseStandard(c.ClaimSchedule); err != nil {
-			bad("CLAIM_SCHEDULE", "is not a valid cron spec (%v); e.g. \"@every 30s\" or \"*/1 * * * *\"", err)
-		}
-		if c.MaxBatchSize < 1 || c.MaxBatchSize > 5000 {
-			bad("MAX_BATCH_SIZE", "must be between 1 and 5000, got %d", c.MaxBatchSize)
-		}
-		switch c.MergeMode {
-		case "auto", "direct", "manual":
-		default:
-			bad("MERGE_MODE", "must be auto, direct or manual, got %q", c.MergeMode)
-		}
-		if c.ReconcileInterval < 100*time.Millisecond {
-			bad("RECONCILE_INTERVAL", "must be at least 100ms, got %s", c.ReconcileInterval)
-		}
-		if c.BatchTimeout < time.Second {
-			bad("BATCH_TIMEOUT", "must be at least 1s, got %s", c.BatchTimeout)
-		}
-		if c.MaxAttempts < 1 {
-			bad("MAX_ATTEMPTS", "must be at least 1, got %d", c.MaxAttempts)
-		}
-		switch c.OnFailure {
-		case "isolate", "block":
-		default:
-			bad("ON_FAILURE", "must be isolate or block, got %q", c.OnFailure)
-		}
-		if c.InfraRetries < 0 || c.InfraRetries > 10 {
-			bad("INFRA_RETRIES", "must be between 0 and 10, got %d", c.InfraRetries)
-		}
-		if c.ConflictRetries < 0 || c.ConflictRetries > 10 {
-			bad("CONFLICT_RETRIES", "must be between 0 and 10, got %d", c.ConflictRetries)
-		}
-		if c.ShutdownTimeout <= 0 {
-			bad("SHUTDOWN_TIMEOUT", "must be positive")
-		}
-		if c.IdempotencyTTL < time.Minute {
-			bad("IDEMPOTENCY_TTL", "must be at least 1m, got %s", c.IdempotencyTTL)
-		}
+		c.validateHTTP(&p)
+		c.validateLoops(&p)
+		c.validateFailurePolicy(&p)
 	}
+	c.validateLogging(&p)
+	return errors.Join(p...)
+}
+
+// problems collects one error per bad variable; bad names it with the prefix.
+type problems []error
+
+func (p *problems) bad(name, format string, a ...any) {
+	*p = append(*p, fmt.Errorf("%s%s: %s", Prefix, name, fmt.Sprintf(format, a...)))
+}
+
+// validateDB: what every subcommand that opens the database needs.
+func (c *Config) validateDB(p *problems) {
+	if c.MySQLDSN == "" {
+		p.bad("MYSQL_DSN", "is required (or BATCHERD_MYSQL_DSN_FILE), e.g. batcherd:secret@tcp(db:3306)/batcherd")
+	}
+}
+
+// validateGitLab: what serve needs to reach GitLab.
+func (c *Config) validateGitLab(p *problems) {
+	if c.GitLabURL == "" {
+		p.bad("GITLAB_URL", "is required, e.g. https://gitlab.example.com")
+	} else if !strings.HasPrefix(c.GitLabURL, "http://") && !strings.HasPrefix(c.GitLabURL, "https://") {
+		p.bad("GITLAB_URL", "must start with http:// or https://")
+	}
+	if c.GitLabToken == "" {
+		p.bad("GITLAB_TOKEN", "is required (or BATCHERD_GITLAB_TOKEN_FILE): a token with api scope")
+	}
+	if len(c.Repos) == 0 {
+		p.bad("REPOS", "is required: comma-separated GitLab project paths, e.g. platform/access-bindings")
+	}
+	if c.GitLabTimeout <= 0 {
+		p.bad("GITLAB_TIMEOUT", "must be positive")
+	}
+	if c.TargetBranch == "" {
+		p.bad("TARGET_BRANCH", "must not be empty")
+	}
+}
+
+// validateHTTP: the API's listener, authentication and idempotency.
+func (c *Config) validateHTTP(p *problems) {
+	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
+		p.bad("HTTP_ADDR", "must be host:port or :port, got %q", c.HTTPAddr)
+	}
+	if len(c.APITokens) == 0 && len(c.AdminTokens) == 0 && !c.InsecureNoAuth {
+		p.bad("API_TOKENS", "no API or admin token is set: set BATCHERD_API_TOKENS and BATCHERD_ADMIN_TOKENS, or BATCHERD_INSECURE_NO_AUTH=true for development")
+	}
+	if c.IdempotencyTTL < time.Minute {
+		p.bad("IDEMPOTENCY_TTL", "must be at least 1m, got %s", c.IdempotencyTTL)
+	}
+	if c.ShutdownTimeout <= 0 {
+		p.bad("SHUTDOWN_TIMEOUT", "must be positive")
+	}
+}
+
+// validateLoops: the claim round and the batch life cycle.
+func (c *Config) validateLoops(p *problems) {
+	if _, err := cron.ParseStandard(c.ClaimSchedule); err != nil {
+		p.bad("CLAIM_SCHEDULE", "is not a valid cron spec (%v); e.g. \"@every 30s\" or \"*/1 * * * *\"", err)
+	}
+	if c.MaxBatchSize < 1 || c.MaxBatchSize > 5000 {
+		p.bad("MAX_BATCH_SIZE", "must be between 1 and 5000, got %d", c.MaxBatchSize)
+	}
+	switch c.MergeMode {
+	case "auto", "direct", "manual":
+	default:
+		p.bad("MERGE_MODE", "must be auto, direct or manual, got %q", c.MergeMode)
+	}
+	if c.ReconcileInterval < 100*time.Millisecond {
+		p.bad("RECONCILE_INTERVAL", "must be at least 100ms, got %s", c.ReconcileInterval)
+	}
+	if c.BatchTimeout < time.Second {
+		p.bad("BATCH_TIMEOUT", "must be at least 1s, got %s", c.BatchTimeout)
+	}
+}
+
+// validateFailurePolicy: what a failed batch does.
+func (c *Config) validateFailurePolicy(p *problems) {
+	if c.MaxAttempts < 1 {
+		p.bad("MAX_ATTEMPTS", "must be at least 1, got %d", c.MaxAttempts)
+	}
+	switch c.OnFailure {
+	case "isolate", "block":
+	default:
+		p.bad("ON_FAILURE", "must be isolate or block, got %q", c.OnFailure)
+	}
+	if c.InfraRetries < 0 || c.InfraRetries > 10 {
+		p.bad("INFRA_RETRIES", "must be between 0 and 10, got %d", c.InfraRetries)
+	}
+	if c.ConflictRetries < 0 || c.ConflictRetries > 10 {
+		p.bad("CONFLICT_RETRIES", "must be between 0 and 10, got %d", c.ConflictRetries)
+	}
+}
+
+// validateLogging: every subcommand logs.
+func (c *Config) validateLogging(p *problems) {
 	switch strings.ToLower(c.LogFormat) {
 	case "", "text", "json":
 	default:
-		bad("LOG_FORMAT", "must be text or json, got %q", c.LogFormat)
+		p.bad("LOG_FORMAT", "must be text or json, got %q", c.LogFormat)
 	}
 	switch strings.ToLower(c.LogLevel) {
 	case "debug", "info", "warn", "error":
 	default:
-		bad("LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
+		p.bad("LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
 	}
-	return errors.Join(errs...)
 }
 
 // Var describes one environment variable for help output and docs.
