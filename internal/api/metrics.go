@@ -64,6 +64,9 @@ func newHTTPMetrics(reg prometheus.Registerer, s *Server) (*httpMetrics, error) 
 type statusRecorder struct {
 	http.ResponseWriter
 	code int
+	// principal is the name of the principal the request acted as, set once it is
+	// authenticated ("" for public routes and refused credentials).
+	principal string
 }
 
 func (r *statusRecorder) WriteHeader(code int) {

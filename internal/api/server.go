@@ -25,6 +25,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/batcherd/batcherd/internal/auth"
 	"github.com/batcherd/batcherd/internal/store"
 )
 
@@ -36,6 +37,10 @@ const (
 
 // Config is the API's share of batcherd's configuration.
 type Config struct {
+	// Auth establishes each request's principal (auth.New over tokens and OIDC). When
+	// nil, one is built from APITokens and AdminTokens (entries name=token or a bare
+	// token, as BATCHERD_API_TOKENS takes them).
+	Auth *auth.Authenticator
 	// APITokens may call every /v1 route except /v1/admin/*. AdminTokens may call all.
 	APITokens   []string
 	AdminTokens []string
@@ -93,15 +98,16 @@ type Server struct {
 	schema  func(context.Context) error
 	kick    func()
 	repos   map[string]bool
-	// Token digests: comparing fixed-size digests in constant time leaks neither the
-	// tokens' contents nor their lengths.
-	apiTokens   [][32]byte
-	adminTokens [][32]byte
-	webhook     [32]byte
-	mux         *http.ServeMux
-	bg          context.Context // Deps.Context
-	m           *httpMetrics
-	routes      []route
+	// authn turns a bearer credential into a principal (internal/auth keeps token
+	// digests only and compares them in constant time).
+	authn *auth.Authenticator
+	// webhook is the secret's digest: comparing fixed-size digests in constant time
+	// leaks neither its contents nor its length.
+	webhook [32]byte
+	mux     *http.ServeMux
+	bg      context.Context // Deps.Context
+	m       *httpMetrics
+	routes  []route
 }
 
 type authLevel int
@@ -154,17 +160,17 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	for _, r := range cfg.Repos {
 		s.repos[r] = true
 	}
-	for _, t := range cfg.APITokens {
-		if t = strings.TrimSpace(t); t != "" {
-			s.apiTokens = append(s.apiTokens, sha256.Sum256([]byte(t)))
+	s.authn = cfg.Auth
+	if s.authn == nil {
+		toks, err := auth.ParseTokens(
+			auth.TokenList{Var: "APITokens", Entries: cfg.APITokens},
+			auth.TokenList{Var: "AdminTokens", Entries: cfg.AdminTokens, Admin: true})
+		if err != nil {
+			return nil, fmt.Errorf("api: %w", err)
 		}
+		s.authn = auth.New(toks, nil)
 	}
-	for _, t := range cfg.AdminTokens {
-		if t = strings.TrimSpace(t); t != "" {
-			s.adminTokens = append(s.adminTokens, sha256.Sum256([]byte(t)))
-		}
-	}
-	if len(s.apiTokens)+len(s.adminTokens) == 0 && !cfg.InsecureNoAuth {
+	if !s.authn.Configured() && !cfg.InsecureNoAuth {
 		return nil, errors.New("api: no API or admin token configured (set tokens, or InsecureNoAuth for development)")
 	}
 	if cfg.InsecureNoAuth {
@@ -253,9 +259,17 @@ func (s *Server) wrap(rt route) http.Handler {
 				writeError(w, errf(http.StatusInternalServerError, "internal", "internal error"))
 			}
 		}()
-		if err := s.authorize(r, rt.auth); err != nil {
-			writeError(w, err)
+		p, aerr := s.authorize(r, rt.auth)
+		if aerr != nil {
+			writeError(w, aerr)
 			return
+		}
+		if p.Name != "" {
+			// The request log line names the principal (never its credential).
+			if rec, ok := w.(*statusRecorder); ok {
+				rec.principal = p.Name
+			}
+			r = r.WithContext(withPrincipal(r.Context(), p))
 		}
 		if err := rt.handler(w, r); err != nil {
 			ae := s.toAPIError(err)
@@ -269,57 +283,60 @@ func (s *Server) wrap(rt route) http.Handler {
 	})
 }
 
-// authorize checks the credentials a route needs. Tokens are never logged.
-func (s *Server) authorize(r *http.Request, level authLevel) *apiError {
+// authorize checks the credentials a route needs and returns the principal the
+// request acts as (none for public and webhook routes). Tokens are never logged.
+func (s *Server) authorize(r *http.Request, level authLevel) (auth.Principal, *apiError) {
 	switch level {
 	case authPublic:
-		return nil
+		return auth.Principal{}, nil
 	case authWebhook:
 		if s.cfg.WebhookSecret == "" {
-			return errf(http.StatusNotFound, "webhook_disabled", "the GitLab webhook is disabled: no webhook secret is configured")
+			return auth.Principal{}, errf(http.StatusNotFound, "webhook_disabled", "the GitLab webhook is disabled: no webhook secret is configured")
 		}
 		got := r.Header.Get("X-Gitlab-Token")
 		sum := sha256.Sum256([]byte(got))
 		if got == "" || subtle.ConstantTimeCompare(sum[:], s.webhook[:]) != 1 {
-			return errf(http.StatusUnauthorized, "unauthorized", "missing or invalid X-Gitlab-Token")
+			return auth.Principal{}, errf(http.StatusUnauthorized, "unauthorized", "missing or invalid X-Gitlab-Token")
 		}
-		return nil
+		return auth.Principal{}, nil
 	}
 	if s.cfg.InsecureNoAuth {
-		return nil
+		return auth.Principal{Name: auth.Anonymous, Admin: true, Source: "insecure"}, nil
 	}
 	tok, ok := bearer(r)
 	if !ok {
-		return errUnauthorized("missing bearer token: send Authorization: Bearer <token>")
+		return auth.Principal{}, errUnauthorized("missing bearer token: send Authorization: Bearer <token>")
 	}
-	sum := sha256.Sum256([]byte(tok))
-	admin := matchAny(sum, s.adminTokens)
-	api := matchAny(sum, s.apiTokens)
-	switch {
-	case admin:
-		return nil
-	case api && level == authAPI:
-		return nil
-	case api:
-		return errf(http.StatusForbidden, "forbidden", "this route needs an admin token")
+	p, err := s.authn.Authenticate(r.Context(), tok)
+	if err != nil {
+		msg := "invalid bearer token"
+		if errors.Is(err, auth.ErrUnauthenticated) {
+			msg = strings.TrimPrefix(err.Error(), auth.ErrUnauthenticated.Error()+": ")
+		}
+		return auth.Principal{}, errUnauthorized(msg)
 	}
-	return errUnauthorized("invalid bearer token")
+	if level == authAdmin && !p.Admin {
+		return p, errf(http.StatusForbidden, "forbidden", "this route needs an admin principal; %q is not one", p.Name)
+	}
+	return p, nil
+}
+
+type principalKey struct{}
+
+func withPrincipal(ctx context.Context, p auth.Principal) context.Context {
+	return context.WithValue(ctx, principalKey{}, p)
+}
+
+// principal is who the request acts as ("" only on public and webhook routes).
+func principal(r *http.Request) auth.Principal {
+	p, _ := r.Context().Value(principalKey{}).(auth.Principal)
+	return p
 }
 
 func errUnauthorized(msg string) *apiError {
 	e := errf(http.StatusUnauthorized, "unauthorized", "%s", msg)
 	e.header = [2]string{"WWW-Authenticate", `Bearer realm="batcherd"`}
 	return e
-}
-
-// matchAny compares against every token without stopping early, so timing does not
-// tell which (or whether any) token matched.
-func matchAny(sum [32]byte, set [][32]byte) bool {
-	found := 0
-	for i := range set {
-		found |= subtle.ConstantTimeCompare(sum[:], set[i][:])
-	}
-	return found == 1
 }
 
 func bearer(r *http.Request) (string, bool) {

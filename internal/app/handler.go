@@ -3,20 +3,26 @@ package app
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync"
 	"time"
 
 	"github.com/batcherd/batcherd/internal/api"
+	"github.com/batcherd/batcherd/internal/auth"
+	"github.com/batcherd/batcherd/internal/config"
 	"github.com/batcherd/batcherd/internal/store"
 )
 
 // handler builds the HTTP API over the scanner (admin rounds and settlement go through
 // the very code the loops run).
 func (a *App) handler() (http.Handler, error) {
+	authn, err := a.authenticator()
+	if err != nil {
+		return nil, err
+	}
 	return api.New(api.Config{
-		APITokens:      a.cfg.APITokens,
-		AdminTokens:    a.cfg.AdminTokens,
+		Auth:           authn,
 		InsecureNoAuth: a.cfg.InsecureNoAuth,
 		WebhookSecret:  a.cfg.WebhookSecret,
 		Repos:          a.cfg.Repos,
@@ -32,6 +38,30 @@ func (a *App) handler() (http.Handler, error) {
 		Kick:        a.sc.Kick,
 		Context:     a.bg,
 	})
+}
+
+// authenticator builds the principals of BATCHERD_API_TOKENS / BATCHERD_ADMIN_TOKENS
+// and, when configured, the OIDC issuer (an issuer unreachable now is a warning).
+func (a *App) authenticator() (*auth.Authenticator, error) {
+	toks, err := auth.ParseTokens(a.cfg.TokenLists()...)
+	if err != nil {
+		return nil, err
+	}
+	var o *auth.OIDC
+	if a.cfg.OIDCEnabled() {
+		o, err = auth.NewOIDC(a.bg, auth.OIDCConfig{
+			Issuer:        a.cfg.OIDCIssuer,
+			Audience:      a.cfg.OIDCAudience,
+			UsernameClaim: a.cfg.OIDCUsernameClaim,
+			GroupsClaim:   a.cfg.OIDCGroupsClaim,
+			AdminGroups:   a.cfg.OIDCAdminGroups,
+			Log:           a.log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%sOIDC_ISSUER: %w", config.Prefix, err)
+		}
+	}
+	return auth.New(toks, o), nil
 }
 
 // readiness is /readyz's check beyond the database ping: not draining, and the schema

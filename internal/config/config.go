@@ -38,10 +38,15 @@ type Config struct {
 	TargetBranch    string        `env:"TARGET_BRANCH, default=main" desc:"branch the batch MRs merge into"`
 
 	HTTPAddr          string        `env:"HTTP_ADDR, default=:8080" desc:"listen address of the API, health and metrics"`
-	APITokens         []string      `env:"API_TOKENS" secret:"true" desc:"comma-separated bearer tokens for /v1 (or BATCHERD_API_TOKENS_FILE)"`
-	APITokensFile     string        `env:"API_TOKENS_FILE" desc:"file holding API tokens, comma- or newline-separated"`
-	AdminTokens       []string      `env:"ADMIN_TOKENS" secret:"true" desc:"comma-separated bearer tokens for /v1/admin (also valid for /v1)"`
-	AdminTokensFile   string        `env:"ADMIN_TOKENS_FILE" desc:"file holding admin tokens"`
+	APITokens         []string      `env:"API_TOKENS" secret:"true" desc:"comma-separated name=token entries for /v1 (a bare token acts as token-<first 8 hex of its sha256>; or BATCHERD_API_TOKENS_FILE)"`
+	APITokensFile     string        `env:"API_TOKENS_FILE" desc:"file holding API token entries, comma- or newline-separated"`
+	AdminTokens       []string      `env:"ADMIN_TOKENS" secret:"true" desc:"comma-separated name=token entries for /v1/admin (also valid for /v1)"`
+	AdminTokensFile   string        `env:"ADMIN_TOKENS_FILE" desc:"file holding admin token entries"`
+	OIDCIssuer        string        `env:"OIDC_ISSUER" desc:"issuer URL whose bearer JWTs are accepted, e.g. https://gitlab.example.com (off when empty)"`
+	OIDCAudience      string        `env:"OIDC_AUDIENCE" desc:"aud an OIDC token must carry (GitLab: the OAuth application id); required with BATCHERD_OIDC_ISSUER"`
+	OIDCUsernameClaim string        `env:"OIDC_USERNAME_CLAIM, default=sub" desc:"claim naming the principal (GitLab: nickname is the username)"`
+	OIDCGroupsClaim   string        `env:"OIDC_GROUPS_CLAIM, default=groups" desc:"claim listing the user's groups (GitLab's ID token: groups_direct)"`
+	OIDCAdminGroups   []string      `env:"OIDC_ADMIN_GROUPS" desc:"comma-separated groups whose members are admin principals"`
 	WebhookSecret     string        `env:"WEBHOOK_SECRET" secret:"true" desc:"X-Gitlab-Token expected on /v1/webhooks/gitlab (webhook disabled when empty; or BATCHERD_WEBHOOK_SECRET_FILE)"`
 	WebhookSecretFile string        `env:"WEBHOOK_SECRET_FILE" desc:"file holding the webhook secret"`
 	InsecureNoAuth    bool          `env:"INSECURE_NO_AUTH, default=false" desc:"serve the API without tokens (development only; logs a warning)"`
@@ -85,6 +90,7 @@ func Load(ctx context.Context, lookup envconfig.Lookuper) (*Config, error) {
 	c.Repos = trimList(c.Repos)
 	c.APITokens = trimList(c.APITokens)
 	c.AdminTokens = trimList(c.AdminTokens)
+	c.OIDCAdminGroups = trimList(c.OIDCAdminGroups)
 	if c.ReplicaID == "" {
 		c.ReplicaID, _ = os.Hostname()
 	}
@@ -153,6 +159,7 @@ func (c *Config) Validate(n Need) error {
 		c.validateHTTP(&p)
 		c.validateLoops(&p)
 		c.validateFailurePolicy(&p)
+		p = append(p, c.validatePrincipals()...)
 	}
 	c.validateLogging(&p)
 	return errors.Join(p...)
@@ -198,8 +205,8 @@ func (c *Config) validateHTTP(p *problems) {
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 		p.bad("HTTP_ADDR", "must be host:port or :port, got %q", c.HTTPAddr)
 	}
-	if len(c.APITokens) == 0 && len(c.AdminTokens) == 0 && !c.InsecureNoAuth {
-		p.bad("API_TOKENS", "no API or admin token is set: set BATCHERD_API_TOKENS and BATCHERD_ADMIN_TOKENS, or BATCHERD_INSECURE_NO_AUTH=true for development")
+	if len(c.APITokens) == 0 && len(c.AdminTokens) == 0 && !c.OIDCEnabled() && !c.InsecureNoAuth {
+		p.bad("API_TOKENS", "no API or admin token is set: set BATCHERD_API_TOKENS and BATCHERD_ADMIN_TOKENS (or BATCHERD_OIDC_ISSUER), or BATCHERD_INSECURE_NO_AUTH=true for development")
 	}
 	if c.IdempotencyTTL < time.Minute {
 		p.bad("IDEMPOTENCY_TTL", "must be at least 1m, got %s", c.IdempotencyTTL)
