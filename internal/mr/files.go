@@ -4,17 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/batcherd/batcherd/internal/domain"
 	"go.yaml.in/yaml/v3"
 )
 
-func pathEscape(s string) string { return url.PathEscape(s) }
-
-// bindingDoc is the YAML document of one binding file (DESIGN §5). Field order is
+// bindingDoc is the YAML document of one binding file (README, "Files written to the repository"). Field order is
 // the order in the file.
 type bindingDoc struct {
 	Subject     string `yaml:"subject"`
@@ -56,23 +53,8 @@ func BindingYAMLWithAttributes(subject, target, operationID string, expiresAt *t
 	return fileHeader + out, nil
 }
 
-// CheckAttributeNumber says whether a number in an operation's attributes can be
-// written to its binding file as the same number for every reader: an integer that
-// fits 64 bits, or another number a 64-bit float holds (not 1e999). The API refuses
-// the others when the operation is created.
-func CheckAttributeNumber(n json.Number) error {
-	s := string(n)
-	if isJSONInteger(s) {
-		if _, err := strconv.ParseInt(s, 10, 64); err != nil {
-			return fmt.Errorf("the integer %s does not fit in 64 bits", s)
-		}
-		return nil
-	}
-	if _, err := strconv.ParseFloat(s, 64); err != nil {
-		return fmt.Errorf("the number %s is out of a 64-bit float's range", s)
-	}
-	return nil
-}
+// CheckAttributeNumber is domain.CheckAttributeNumber (forwarding name; use domain's).
+var CheckAttributeNumber = domain.CheckAttributeNumber
 
 // yamlValues replaces the json.Numbers in a decoded JSON value with YAML scalars.
 func yamlValues(v any) any {
@@ -96,7 +78,7 @@ func yamlValues(v any) any {
 // with their digits as sent, but with a decimal point and a signed exponent, because
 // YAML 1.1 reads "1e5" or "1.5e3" as strings.
 func numberNode(n string) *yaml.Node {
-	if isJSONInteger(n) {
+	if domain.IsJSONInteger(n) {
 		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: n}
 	}
 	mant, exp, hasExp := strings.Cut(strings.ToLower(n), "e")
@@ -110,11 +92,6 @@ func numberNode(n string) *yaml.Node {
 		mant += "e" + exp
 	}
 	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!float", Value: mant}
-}
-
-// isJSONInteger reports whether a JSON number has neither a fraction nor an exponent.
-func isJSONInteger(n string) bool {
-	return !strings.ContainsAny(n, ".eE")
 }
 
 // fileHeader tells a reader of the repository where the file comes from.

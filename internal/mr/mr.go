@@ -11,6 +11,8 @@ package mr
 import (
 	"errors"
 	"time"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // Label marks every MR batcherd opens; the orphan sweep lists MRs by it.
@@ -124,22 +126,11 @@ func ClassOf(err error) Class {
 	return ClassNone
 }
 
-// BindingPath is the repository path of a binding's file (DESIGN §5, contract):
-// bindings/<PathEscape(target)>/<PathEscape(subject)>.yaml.
-func BindingPath(subject, target string) string {
-	dir, file := BindingPathSegments(subject, target)
-	return "bindings/" + dir + "/" + file
-}
+// Forwarding names of the naming rules, which live in internal/domain: use domain's.
+var (
+	BindingPath         = domain.BindingPath
+	BindingPathSegments = domain.BindingPathSegments
+)
 
-// MaxPathSegmentBytes is the longest file or directory name the file systems a
-// repository is checked out on take (ext4, XFS, APFS, NTFS: 255). GitLab stores a longer
-// one, but no clone can write it, so the pipeline of its batch fails.
-const MaxPathSegmentBytes = 255
-
-// BindingPathSegments returns the directory and file name of a binding's file as they
-// appear in BindingPath: PathEscape(target) and PathEscape(subject) + ".yaml". Each must
-// fit MaxPathSegmentBytes; escaping makes them longer than the names (a non-ASCII
-// character takes 3 bytes per UTF-8 byte).
-func BindingPathSegments(subject, target string) (dir, file string) {
-	return pathEscape(target), pathEscape(subject) + ".yaml"
-}
+// MaxPathSegmentBytes is domain.MaxPathSegmentBytes (forwarding name).
+const MaxPathSegmentBytes = domain.MaxPathSegmentBytes

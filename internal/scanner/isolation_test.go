@@ -221,7 +221,7 @@ func TestBisectIsolatesOnePoison(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, b := range failed {
-		if b.ErrorCode != ClassTest {
+		if b.ErrorCode != string(ClassTest) {
 			t.Errorf("failed batch %d: code %s, want test", b.ID, b.ErrorCode)
 		}
 		if b.Depth != i {
@@ -332,7 +332,7 @@ func TestInfraFailureRetriedWhole(t *testing.T) {
 		t.Fatalf("batches %+v, want the failed one and its retry", batches)
 	}
 	first, retry := batches[0], batches[1]
-	if first.Status != store.BatchFailed || first.ErrorCode != ClassInfra || first.Size != 16 {
+	if first.Status != store.BatchFailed || first.ErrorCode != string(ClassInfra) || first.Size != 16 {
 		t.Errorf("first batch %+v, want failed infra with 16 members", first)
 	}
 	if retry.Status != store.BatchSucceeded || retry.Kind != "retry_infra" || retry.Size != 16 || retry.Depth != 0 ||
@@ -343,7 +343,7 @@ func TestInfraFailureRetriedWhole(t *testing.T) {
 	if count(codes, "retry_infra") != 1 || count(codes, EventBisected) != 0 || count(codes, store.EventMemberMerged) != 1 {
 		t.Errorf("events %v, want one retry_infra, no bisection, merged", codes)
 	}
-	if n := c.sum(func(m *metrics) prometheus.Collector { return m.retries.WithLabelValues(ClassInfra) }); n != 1 {
+	if n := c.sum(func(m *metrics) prometheus.Collector { return m.retries.WithLabelValues(string(ClassInfra)) }); n != 1 {
 		t.Errorf("retries{class=infra} = %v, want 1", n)
 	}
 	// The retry's MR says why its members are there.
@@ -465,7 +465,7 @@ func TestConflictRebuiltOnNewHead(t *testing.T) {
 		return b.Status == store.BatchFailed
 	})
 	first, _ := e.st.BatchGet(ctx, res.BatchID)
-	if first.ErrorCode != ClassConflict {
+	if first.ErrorCode != string(ClassConflict) {
 		t.Fatalf("first batch failed with %s (%s), want conflict", first.ErrorCode, first.ErrorMessage)
 	}
 	var retryID int64
@@ -511,7 +511,7 @@ func TestTimeoutRetriedThenMaxAttempts(t *testing.T) {
 			}
 			time.Sleep(600 * time.Millisecond)
 			b := e.drive(s, res.BatchID, 10*time.Second)
-			if b.Status != store.BatchFailed || b.ErrorCode != ClassTimeout {
+			if b.Status != store.BatchFailed || b.ErrorCode != string(ClassTimeout) {
 				t.Fatalf("batch %s %s, want failed timeout", b.Status, b.ErrorCode)
 			}
 			if tc.maxAttempts == 1 {

@@ -33,27 +33,28 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/batcherd/batcherd/internal/domain"
 	"github.com/batcherd/batcherd/internal/store"
 )
 
-// Failure classes. Each is also the batch's error code when it fails for it.
+// Failure classes (domain.FailureClass): short names for this package.
 const (
-	ClassTest         = "test"
-	ClassInfra        = "infra"
-	ClassConflict     = "conflict"
-	ClassUnknown      = "unknown"
-	ClassClosedByUser = "closed_by_user"
-	ClassTimeout      = CodeTimeout
-	ClassUnavailable  = "gitlab_unavailable"
-	ClassMRMissing    = CodeMRMissing
-	ClassManual       = CodeManualSettle
-	ClassEmpty        = CodeEmptyBatch
+	ClassTest         = domain.ClassTest
+	ClassInfra        = domain.ClassInfra
+	ClassConflict     = domain.ClassConflict
+	ClassUnknown      = domain.ClassUnknown
+	ClassClosedByUser = domain.ClassClosedByUser
+	ClassTimeout      = domain.ClassTimeout
+	ClassUnavailable  = domain.ClassUnavailable
+	ClassMRMissing    = domain.ClassMRMissing
+	ClassManual       = domain.ClassManual
+	ClassEmpty        = domain.ClassEmpty
 )
 
 // Member failure reasons (operation error codes) besides the classes.
 const (
-	ReasonCulprit     = "culprit"
-	ReasonMaxAttempts = "max_attempts"
+	ReasonCulprit     = domain.ReasonCulprit
+	ReasonMaxAttempts = domain.ReasonMaxAttempts
 )
 
 // Member outcome event codes (audit_event.code) written by a failure settlement.
@@ -88,13 +89,13 @@ type policy struct {
 
 // failure is a classified batch failure.
 type failure struct {
-	class string
+	class domain.FailureClass
 	msg   string
 }
 
 // pipelineClass classifies a failed (or canceled) head pipeline by the failure_reason
 // of its first failed job.
-func pipelineClass(status, reason string) string {
+func pipelineClass(status, reason string) domain.FailureClass {
 	switch {
 	case status == "canceled":
 		return ClassInfra
@@ -111,7 +112,7 @@ func pipelineClass(status, reason string) string {
 
 // retriable reports whether a failure class may be overridden by what GitLab shows
 // (a human closed the MR): the operator's and the empty-batch settlements are final.
-func retriable(class string) bool { return class != ClassManual && class != ClassEmpty }
+func retriable(class domain.FailureClass) bool { return !class.Final() }
 
 // planOutcome summarises a plan for logs and metrics.
 type planOutcome struct {
@@ -131,13 +132,13 @@ func (p policy) plan(b store.Batch, f failure, ms []store.WaitingMember) ([]stor
 	}
 	switch f.class {
 	case ClassClosedByUser:
-		return p.failAll(ms, ClassClosedByUser, EventClosedByUser,
+		return p.failAll(ms, string(ClassClosedByUser), EventClosedByUser,
 			fmt.Sprintf("merge request of batch %d was closed by someone else than batcherd: no retry", b.ID)), planOutcome{action: "fail"}
 	case ClassInfra, ClassTimeout, ClassUnavailable, ClassMRMissing:
 		if retries < p.infraRetries {
 			return p.retry(b, f, ms, retries)
 		}
-		return p.failAll(ms, f.class, store.EventMemberFailed,
+		return p.failAll(ms, string(f.class), store.EventMemberFailed,
 				fmt.Sprintf("batch %d failed (%s) after %d retr%s of the same members: %s", b.ID, f.class, retries, plural(retries, "y", "ies"), f.msg)),
 			planOutcome{action: "fail"}
 	case ClassConflict, ClassUnknown:
@@ -148,7 +149,7 @@ func (p policy) plan(b store.Batch, f failure, ms []store.WaitingMember) ([]stor
 	case ClassTest:
 		return p.isolate(b, f, ms)
 	}
-	return p.failAll(ms, f.class, store.EventMemberFailed, f.class+": "+f.msg), planOutcome{action: "fail"}
+	return p.failAll(ms, string(f.class), store.EventMemberFailed, string(f.class)+": "+f.msg), planOutcome{action: "fail"}
 }
 
 func (p policy) failAll(ms []store.WaitingMember, code, event, detail string) []store.MemberFate {
@@ -173,9 +174,9 @@ func (p policy) retry(b store.Batch, f failure, ms []store.WaitingMember, retrie
 			continue
 		}
 		out[i] = store.MemberFate{
-			OperationID: m.OperationID, Group: group, Kind: store.KindRetryPrefix + f.class,
+			OperationID: m.OperationID, Group: group, Kind: store.KindRetryPrefix + string(f.class),
 			Depth: b.Depth, Half: m.Half, Retries: retries + 1,
-			Event: EventRetryPrefix + f.class,
+			Event: EventRetryPrefix + string(f.class),
 			Detail: fmt.Sprintf("batch %d failed (%s): retry %d of the same %d member(s) as one group, attempt %d of %d; no bisection",
 				b.ID, f.class, retries+1, len(ms), m.Tries+1, p.maxAttempts),
 		}
@@ -198,7 +199,7 @@ func (p policy) isolate(b store.Batch, f failure, ms []store.WaitingMember) ([]s
 			planOutcome{action: "culprit", culprits: 1}
 	}
 	if !p.bisect {
-		return p.failAll(ms, f.class, store.EventMemberFailed, fmt.Sprintf("batch %d failed (%s; bisection is off): %s", b.ID, f.class, f.msg)),
+		return p.failAll(ms, string(f.class), store.EventMemberFailed, fmt.Sprintf("batch %d failed (%s; bisection is off): %s", b.ID, f.class, f.msg)),
 			planOutcome{action: "fail"}
 	}
 	// Halves in queue order; the first (older) half is claimed first.

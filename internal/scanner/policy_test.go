@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batcherd/batcherd/internal/domain"
 	"github.com/batcherd/batcherd/internal/store"
 )
 
@@ -18,7 +19,10 @@ func members(n, tries, retries int) []store.WaitingMember {
 }
 
 func TestPipelineClass(t *testing.T) {
-	for _, c := range []struct{ status, reason, want string }{
+	for _, c := range []struct {
+		status, reason string
+		want           domain.FailureClass
+	}{
 		{"failed", "script_failure", ClassTest},
 		{"failed", "runner_system_failure", ClassInfra},
 		{"failed", "stuck_or_timeout_failure", ClassInfra},
@@ -62,7 +66,7 @@ func TestPlan(t *testing.T) {
 	off := p
 	off.bisect = false
 	for _, m := range fates(off.plan(b, failure{ClassTest, "x"}, members(4, 1, 0))) {
-		if m.Group != "" || m.Code != ClassTest {
+		if m.Group != "" || m.Code != string(ClassTest) {
 			t.Fatalf("no-bisect fate %+v", m)
 		}
 	}
@@ -76,9 +80,9 @@ func TestPlan(t *testing.T) {
 			t.Fatalf("infra retry fate %+v", m)
 		}
 	}
-	for _, class := range []string{ClassInfra, ClassTimeout, ClassUnavailable, ClassMRMissing} {
+	for _, class := range []domain.FailureClass{ClassInfra, ClassTimeout, ClassUnavailable, ClassMRMissing} {
 		for _, m := range fates(p.plan(b, failure{class, "again"}, members(5, 2, 1))) {
-			if m.Group != "" || m.Code != class {
+			if m.Group != "" || m.Code != string(class) {
 				t.Fatalf("%s after its retry: %+v", class, m)
 			}
 		}
@@ -91,8 +95,8 @@ func TestPlan(t *testing.T) {
 		t.Fatalf("max attempts fates %+v", f)
 	}
 	// Conflict and unknown: retry once (rebuilt on the new head), then bisect.
-	for _, class := range []string{ClassConflict, ClassUnknown} {
-		if f, o := p.plan(b, failure{class, "c"}, members(4, 1, 0)); o.action != "retry" || f[0].Kind != "retry_"+class {
+	for _, class := range []domain.FailureClass{ClassConflict, ClassUnknown} {
+		if f, o := p.plan(b, failure{class, "c"}, members(4, 1, 0)); o.action != "retry" || f[0].Kind != "retry_"+string(class) {
 			t.Fatalf("%s first: %+v %+v", class, o, f[0])
 		}
 		if _, o := p.plan(b, failure{class, "c"}, members(4, 2, 1)); o.action != "bisect" {
@@ -103,7 +107,10 @@ func TestPlan(t *testing.T) {
 		}
 	}
 	// Closed by a human, or settled by an operator: everyone fails, no retry.
-	for _, c := range []struct{ class, code string }{{ClassClosedByUser, ClassClosedByUser}, {ClassManual, ClassManual}, {ClassEmpty, ClassEmpty}} {
+	for _, c := range []struct {
+		class domain.FailureClass
+		code  string
+	}{{ClassClosedByUser, "closed_by_user"}, {ClassManual, "manual_settle"}, {ClassEmpty, "empty_batch"}} {
 		for _, m := range fates(p.plan(b, failure{c.class, "x"}, members(3, 1, 0))) {
 			if m.Group != "" || m.Code != c.code {
 				t.Fatalf("%s fate %+v", c.class, m)

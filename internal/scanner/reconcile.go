@@ -7,16 +7,17 @@ import (
 	"slices"
 	"time"
 
+	"github.com/batcherd/batcherd/internal/domain"
 	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/store"
 )
 
 // Block codes recorded on a BLOCKED batch.
 const (
-	CodePipelineFailed = "pipeline_failed"
-	CodeMergeConflict  = "merge_conflict"
-	CodeNeedRebase     = "need_rebase"
-	CodeHeadMoved      = "head_moved"
+	CodePipelineFailed = domain.BlockPipelineFailed
+	CodeMergeConflict  = domain.BlockMergeConflict
+	CodeNeedRebase     = domain.BlockNeedRebase
+	CodeHeadMoved      = domain.BlockHeadMoved
 )
 
 // reconcileConfig is the reconcile loop's slice of Config.
@@ -195,7 +196,7 @@ func blockReason(b store.Batch, m mr.MergeRequest) (code, msg string) {
 // a reason that waits for an operator even in isolate mode: a head that moved away
 // from batcherd's commit means someone pushed to the batch branch, and batcherd does
 // not second-guess them (the timeout bounds the wait).
-func failureClass(code string, m mr.MergeRequest) string {
+func failureClass(code string, m mr.MergeRequest) domain.FailureClass {
 	switch code {
 	case CodePipelineFailed:
 		return pipelineClass(m.PipelineStatus, m.FailureReason)

@@ -370,7 +370,7 @@ func TestUnreadableFailureReasonWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, _ := e.st.BatchGet(bg, b.ID)
-	if got.Status != store.BatchFailed || got.ErrorCode != ClassInfra {
+	if got.Status != store.BatchFailed || got.ErrorCode != string(ClassInfra) {
 		t.Fatalf("once readable: batch %s/%s, want failed/%s", got.Status, got.ErrorCode, ClassInfra)
 	}
 	for _, op := range e.requireOps(ids, store.OpInBatch) { // retried as a group, claimed at once

@@ -245,12 +245,12 @@ func TestManualModeMRClosedByHuman(t *testing.T) {
 		t.Fatal(err)
 	}
 	b = e.drive(s, res.BatchID, 10*time.Second)
-	if b.Status != store.BatchFailed || b.ErrorCode != ClassClosedByUser {
+	if b.Status != store.BatchFailed || b.ErrorCode != string(ClassClosedByUser) {
 		t.Fatalf("batch %s %s, want failed closed_by_user", b.Status, b.ErrorCode)
 	}
 	ops := e.requireOps(ids, store.OpFailed)
 	for id, op := range ops {
-		if op.ErrorCode != ClassClosedByUser {
+		if op.ErrorCode != string(ClassClosedByUser) {
 			t.Errorf("operation %s failed with %s, want closed_by_user (no retry)", id, op.ErrorCode)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/batcherd/batcherd/internal/domain"
 	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/store"
 )
@@ -15,10 +16,10 @@ import (
 // Failure codes recorded on a batch and its members by settle failure. The failure
 // classes of policy.go are codes too.
 const (
-	CodeTimeout      = "timeout"
-	CodeMRMissing    = "mr_missing"
-	CodeManualSettle = "manual_settle"
-	CodeEmptyBatch   = "empty_batch"
+	CodeTimeout      = string(domain.ClassTimeout)
+	CodeMRMissing    = string(domain.ClassMRMissing)
+	CodeManualSettle = string(domain.ClassManual)
+	CodeEmptyBatch   = string(domain.ClassEmpty)
 )
 
 // errStillOpen is mr.ErrStillOpen, the answer the admin API turns into a 409.
@@ -128,11 +129,11 @@ func (s *Scanner) settleFailure(ctx context.Context, b store.Batch, f failure, l
 		return b, err
 	}
 	s.step(ctx, "settle.settled", b.ID)
-	s.m.settles.WithLabelValues("failed", f.class).Inc()
+	s.m.settles.WithLabelValues("failed", string(f.class)).Inc()
 	s.observeBatch(nb, "failed")
 	switch out.action {
 	case "retry":
-		s.m.retries.WithLabelValues(f.class).Inc()
+		s.m.retries.WithLabelValues(string(f.class)).Inc()
 	case "bisect":
 		s.m.bisectionDepth.Observe(float64(out.bisectedTo))
 	}

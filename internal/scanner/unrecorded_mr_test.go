@@ -156,7 +156,7 @@ func TestPublishLeavesATimedOutBatch(t *testing.T) {
 	if err := s.timeout.runOnce(bg); err != nil {
 		t.Fatal(err)
 	}
-	if b, _ := e.st.BatchGet(bg, res.BatchID); b.Status != store.BatchFailed || b.ErrorCode != ClassUnavailable {
+	if b, _ := e.st.BatchGet(bg, res.BatchID); b.Status != store.BatchFailed || b.ErrorCode != string(ClassUnavailable) {
 		t.Fatalf("batch %s (%s), want failed %s", b.Status, b.ErrorCode, ClassUnavailable)
 	}
 }

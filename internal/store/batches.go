@@ -19,6 +19,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // ClaimOutcome is the result of one claim attempt. None of them is an error.
@@ -67,14 +69,6 @@ const (
 	// EventBystander: the member merged in a bisection half after an earlier batch of
 	// it failed: it was not the culprit.
 	EventBystander = "bystander"
-)
-
-// Claim group kinds (merge_batch_request.kind, merge_batch.kind).
-const (
-	KindFirstTry = "first_try"
-	KindBisect   = "bisect"
-	// KindRetryPrefix + failure class, e.g. retry_infra: the same members again.
-	KindRetryPrefix = "retry_"
 )
 
 // maxInPlaceholders bounds the placeholders of one statement. Batches can be large, and
@@ -966,7 +960,7 @@ func (s *Store) batchSettleSucceeded(ctx context.Context, id int64, from BatchSt
 // rows deleted; member history and audit kept. ErrLostRace when another settler was
 // first. It is BatchSettleRequeue with an empty plan.
 func (s *Store) BatchSettleFailed(ctx context.Context, id int64, from BatchStatus, version int64, code, message string) (Batch, error) {
-	return s.BatchSettleRequeue(ctx, id, from, version, code, message, nil)
+	return s.BatchSettleRequeue(ctx, id, from, version, domain.FailureClass(code), message, nil)
 }
 
 // settleBatchRow is every settlement's first statement: the guarded batch write. A

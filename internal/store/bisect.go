@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // whyLen bounds merge_batch_member.why.
@@ -119,11 +121,11 @@ type MemberFate struct {
 //     bindings, then the batch's remaining waiting rows deleted;
 //  5. events, set-based: batch_failed for the batch and every member, then each
 //     member's outcome event.
-func (s *Store) BatchSettleRequeue(ctx context.Context, id int64, from BatchStatus, version int64, code, message string, plan []MemberFate) (Batch, error) {
+func (s *Store) BatchSettleRequeue(ctx context.Context, id int64, from BatchStatus, version int64, class domain.FailureClass, message string, plan []MemberFate) (Batch, error) {
 	if !from.Active() {
 		return Batch{}, fmt.Errorf("store: cannot settle a batch as failed from status %s", from)
 	}
-	code, message = truncRunes(code, errorCodeLen), truncRunes(message, errorMessageLen)
+	code, message := truncRunes(string(class), errorCodeLen), truncRunes(message, errorMessageLen)
 	fates := make(map[string]MemberFate, len(plan))
 	for _, f := range plan {
 		if len(f.Group) > groupLen {
@@ -289,8 +291,8 @@ func requeueRows(ctx context.Context, tx *sqlx.Tx, id int64, ids []string, f Mem
 // settle an active batch with, before it closes the batch's MR. A closed MR on a batch
 // without it was closed by someone else (a human); with it, by a batcherd settle that
 // did not finish, which the next pass resumes with the same class.
-func (s *Store) BatchMarkFailing(ctx context.Context, id, version int64, class string) (Batch, error) {
-	return s.guardedBatchWrite(ctx, id, version, "fail_class = ?", "status IN (1, 4)", truncRunes(class, 32))
+func (s *Store) BatchMarkFailing(ctx context.Context, id, version int64, class domain.FailureClass) (Batch, error) {
+	return s.guardedBatchWrite(ctx, id, version, "fail_class = ?", "status IN (1, 4)", truncRunes(string(class), 32))
 }
 
 // BatchMemberReasons returns why each member is in batch id (merge_batch_member.why),
