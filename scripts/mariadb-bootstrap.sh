@@ -6,9 +6,11 @@
 #   2. Else, if no server answers, start MariaDB (installing mariadb-server with apt-get
 #      first when it is missing).
 #   3. Create the test user (BATCHERD_TEST_USER/BATCHERD_TEST_PASSWORD, default
-#      batcherd/batcherd) with the rights to create and drop its own databases. On a
-#      fresh Debian install root logs in only through the unix socket (error 1698 over
-#      TCP), so the user is created through the socket as root.
+#      batcherd/batcherd) with every right on the databases the tests, the demo and the
+#      bench create and drop for themselves (their name patterns below), and on nothing
+#      else: no global privilege. On a fresh Debian install root logs in only through the
+#      unix socket (error 1698 over TCP), so the user is created through the socket as root.
+#      A user that already logs in is left as it is.
 #
 # Environment: BATCHERD_DB_HOST (127.0.0.1), BATCHERD_DB_PORT (3306).
 set -euo pipefail
@@ -39,10 +41,11 @@ server_up() {
 }
 
 as_root() {
-  # Root through the unix socket first (fresh Debian), then root over TCP with an empty
-  # password (images that allow it).
+  # Root over TCP with an empty password at host:port first (images that allow it; it is
+  # the server asked for even when another one owns the default socket), then root
+  # through the unix socket (fresh Debian).
   local c; c=$(client)
-  "$c" -uroot "$@" 2>/dev/null || "$c" --protocol=tcp -h"$host" -P"$port" -uroot "$@"
+  "$c" --protocol=tcp -h"$host" -P"$port" -uroot "$@" 2>/dev/null || "$c" -uroot "$@"
 }
 
 if user_ok; then log "user $user already works"; exit 0; fi
@@ -67,11 +70,22 @@ if ! server_up; then
   server_up || die "mariadbd did not come up within 30 s; see /tmp/batcherd-mariadbd.log"
 fi
 
-as_root -e "CREATE USER IF NOT EXISTS '$user'@'127.0.0.1' IDENTIFIED BY '$pass';
-CREATE USER IF NOT EXISTS '$user'@'localhost' IDENTIFIED BY '$pass';
-GRANT ALL PRIVILEGES ON *.* TO '$user'@'127.0.0.1';
-GRANT ALL PRIVILEGES ON *.* TO '$user'@'localhost';
-FLUSH PRIVILEGES;" || die "could not create user $user as root (socket or TCP); create it yourself or set BATCHERD_TEST_DSN"
+# The name patterns of the databases the test user creates and drops (`_` escaped: in a
+# GRANT it matches any one character). Keep in step with the names in the code:
+#   bt_            every test package (internal/store/storetest, internal/harness)
+#   batcherd_demo_ make demo (cmd/batcherd-demo)
+#   bench_         make bench and the Go benchmarks (bench/db.go)
+db_patterns=('bt\_%' 'batcherd\_demo\_%' 'bench\_%')
+
+sql="CREATE USER IF NOT EXISTS '$user'@'127.0.0.1' IDENTIFIED BY '$pass';
+CREATE USER IF NOT EXISTS '$user'@'localhost' IDENTIFIED BY '$pass';"
+for p in "${db_patterns[@]}"; do
+  for h in 127.0.0.1 localhost; do
+    sql+="
+GRANT ALL PRIVILEGES ON \`$p\`.* TO '$user'@'$h';"
+  done
+done
+as_root -e "$sql" || die "could not create user $user as root (socket or TCP); create it yourself or set BATCHERD_TEST_DSN"
 
 user_ok || die "user $user still cannot log in over TCP at $host:$port"
 log "ready"
