@@ -126,7 +126,9 @@ func TestDropStaleDatabases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
+	// Closed after the cleanups below have dropped the databases (cleanups run last
+	// registered first; a deferred Close ran before them, so every drop failed unseen).
+	t.Cleanup(func() { db.Close() })
 	// A prefix unique to this run: concurrent test runs on one server must not see
 	// each other's databases.
 	prefix := fmt.Sprintf("bt_stale%d", time.Now().UnixNano()%1e9)
@@ -137,7 +139,11 @@ func TestDropStaleDatabases(t *testing.T) {
 		if _, err := db.ExecContext(ctx, "CREATE DATABASE `"+n+"`"); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _, _ = db.Exec("DROP DATABASE IF EXISTS `" + n + "`") })
+		t.Cleanup(func() {
+			if _, err := db.Exec("DROP DATABASE IF EXISTS `" + n + "`"); err != nil {
+				t.Errorf("drop %s: %v", n, err)
+			}
+		})
 	}
 	dropped, err := DropStaleDatabases(ctx, dsn, prefix, time.Hour)
 	if err != nil {
