@@ -12,7 +12,8 @@
 #      unix socket (error 1698 over TCP), so the user is created through the socket as root.
 #      A user that already logs in is left as it is.
 #
-# Environment: BATCHERD_DB_HOST (127.0.0.1), BATCHERD_DB_PORT (3306).
+# Environment: BATCHERD_DB_HOST (127.0.0.1), BATCHERD_DB_PORT (3306), BATCHERD_DB_SOCKET
+# (root's unix socket; default: the client's).
 set -euo pipefail
 
 host=${BATCHERD_DB_HOST:-127.0.0.1}
@@ -45,7 +46,8 @@ as_root() {
   # the server asked for even when another one owns the default socket), then root
   # through the unix socket (fresh Debian).
   local c; c=$(client)
-  "$c" --protocol=tcp -h"$host" -P"$port" -uroot "$@" 2>/dev/null || "$c" -uroot "$@"
+  "$c" --protocol=tcp -h"$host" -P"$port" -uroot "$@" 2>/dev/null ||
+    "$c" ${BATCHERD_DB_SOCKET:+--socket="$BATCHERD_DB_SOCKET"} -uroot "$@"
 }
 
 if user_ok; then log "user $user already works"; exit 0; fi
