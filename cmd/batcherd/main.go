@@ -86,18 +86,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg, err := config.Load(ctx, nil)
+	if err == nil {
+		err = app.ValidateConfig(cfg, cmd.need)
+	}
 	if err != nil {
-		fmt.Fprintf(stderr, "batcherd: %v\n", err)
+		fmt.Fprintf(stderr, "batcherd %s: invalid configuration:\n  %s\nRun 'batcherd help' for every variable.\n",
+			cmd.name, strings.ReplaceAll(err.Error(), "\n", "\n  "))
 		return app.ExitUsage
 	}
 	log, err := logging.New(stderr, cfg.LogFormat, cfg.LogLevel)
 	if err != nil {
 		fmt.Fprintf(stderr, "batcherd: %v\n", err)
-		return app.ExitUsage
-	}
-	if err := cfg.Validate(cmd.need); err != nil {
-		fmt.Fprintf(stderr, "batcherd %s: invalid configuration:\n  %s\nRun 'batcherd help' for every variable.\n",
-			cmd.name, strings.ReplaceAll(err.Error(), "\n", "\n  "))
 		return app.ExitUsage
 	}
 	err = cmd.run(ctx, cfg, app.Env{Log: log, Stdout: stdout, Version: version})

@@ -94,3 +94,89 @@ func TestMigrateCheckSchemaVerify(t *testing.T) {
 		}
 	}
 }
+
+// A configuration error exits 2 and names its variable, for every subcommand that reads
+// the configuration: a value that does not parse, and a DSN batcherd cannot use (one
+// without a database name used to reach the schema check and report drift in database
+// "", exit 3; a malformed one failed at connect time with exit 1).
+func TestConfigErrorsExit2NamingTheVariable(t *testing.T) {
+	t.Setenv("BATCHERD_MYSQL_DSN", "batcherd:batcherd@tcp(127.0.0.1:3306)/batcherd")
+	t.Setenv("BATCHERD_MAX_BATCH_SIZE", "many")
+	code, _, errs := runCLI(t, "migrate")
+	if code != 2 || !strings.Contains(errs, "BATCHERD_MAX_BATCH_SIZE") || strings.Contains(errs, "MaxBatchSize") {
+		t.Errorf("unparsable BATCHERD_MAX_BATCH_SIZE: exit %d, stderr:\n%s", code, errs)
+	}
+	t.Setenv("BATCHERD_MAX_BATCH_SIZE", "")
+
+	for _, c := range []struct{ dsn, says string }{
+		{"batcherd:batcherd@tcp(127.0.0.1:3306)/", "names no database"},
+		{"batcherd:batcherd@tcp(127.0.0.1:3306)", "no '/' before the database name"},
+		{"batcherd:batcherd@127.0.0.1:3306/batcherd", "tcp(host:port)"},
+	} {
+		t.Setenv("BATCHERD_MYSQL_DSN", c.dsn)
+		for _, sub := range []string{"migrate", "check-schema", "verify"} {
+			code, out, errs := runCLI(t, sub)
+			if code != 2 || !strings.Contains(errs, "BATCHERD_MYSQL_DSN") || !strings.Contains(errs, c.says) ||
+				strings.Contains(out+errs, "drift") {
+				t.Errorf("%s with DSN %q: exit %d (want 2), stdout %q, stderr:\n%s", sub, c.dsn, code, out, errs)
+			}
+		}
+	}
+}
+
+// The DSN's password never reaches the output, however malformed the DSN: each shape
+// below used to be quoted, in part or whole, by go-sql-driver's parse error (a '/' in
+// the password makes its first half the "network", its second the database name).
+func TestMalformedDSNNeverShowsThePassword(t *testing.T) {
+	const pw = "Zq9xW7vK"
+	t.Setenv("BATCHERD_GITLAB_URL", "http://127.0.0.1:1")
+	t.Setenv("BATCHERD_GITLAB_TOKEN", "tok")
+	t.Setenv("BATCHERD_REPOS", "a/b")
+	t.Setenv("BATCHERD_API_TOKENS", "api")
+	for _, dsn := range malformedDSNs(pw) {
+		t.Setenv("BATCHERD_MYSQL_DSN", dsn)
+		for _, sub := range []string{"serve", "migrate", "check-schema", "verify"} {
+			code, out, errs := runCLI(t, sub)
+			if code != 2 || !strings.Contains(errs, "BATCHERD_MYSQL_DSN") {
+				t.Errorf("%s with DSN %q: exit %d (want 2), stderr:\n%s", sub, dsn, code, errs)
+			}
+			if frag := passwordFragment(out+errs, pw); frag != "" {
+				t.Errorf("%s with DSN %q: output shows %q of the password:\n%s%s", sub, dsn, frag, out, errs)
+			}
+		}
+	}
+}
+
+// malformedDSNs are DSNs of many wrong shapes, each holding the password pw.
+func malformedDSNs(pw string) []string {
+	half := len(pw) / 2
+	split := pw[:half] + "/" + pw[half:] // a '/' inside the password
+	return []string{
+		"u:" + pw + "@tcp(db:3306)",                           // no database part
+		"u:" + pw + "@tcp(db:3306)/",                          // empty database name
+		"u:" + split,                                          // no '@', '/' in the password
+		"u:" + split + "@tcp(db:3306)",                        // '/' in the password, no database
+		"u:" + split + "@tcp(db:3306)/",                       // the same with an empty database
+		"u:" + pw + "@db:3306/batcherd",                       // address without tcp()
+		"mysql://u:" + pw + "@db:3306/batcherd",               // a URL
+		"u:" + pw + "@tcp(db:3306/batcherd",                   // unterminated address
+		"u:" + pw[:half] + ")" + pw[half:] + "@tcp(db:3306/b", // a ')' in the password
+		"u:" + pw + "@tcp(db:3306)/b?parseTime=maybe",         // bad parameter
+		"u:" + split + "?loc=" + pw + "@tcp(db)",              // the password in a parameter
+		"u:" + pw + "@tcp(db:3306)/b%zz",                      // bad escape in the database name
+		"u:" + split + "%zz@tcp(db:3306)",                     // bad escape after a '/' in the password
+		pw,                                                    // only the password
+	}
+}
+
+// passwordFragment returns a piece of pw (3 characters or more) that s contains, or "".
+func passwordFragment(s, pw string) string {
+	for n := len(pw); n >= 3; n-- {
+		for i := 0; i+n <= len(pw); i++ {
+			if strings.Contains(s, pw[i:i+n]) {
+				return pw[i : i+n]
+			}
+		}
+	}
+	return ""
+}

@@ -48,6 +48,8 @@ func ExitCode(err error) int {
 		return ExitOK
 	case errors.Is(err, ErrSchemaDrift):
 		return ExitSchemaDrift
+	case errors.Is(err, store.ErrInvalidDSN):
+		return ExitUsage // a configuration error, whichever path found it
 	}
 	return ExitFailure
 }

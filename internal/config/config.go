@@ -82,7 +82,7 @@ func Load(ctx context.Context, lookup envconfig.Lookuper) (*Config, error) {
 		Target:   &c,
 		Lookuper: envconfig.PrefixLookuper(Prefix, lookup),
 	}); err != nil {
-		return nil, fmt.Errorf("reading configuration: %w", err)
+		return nil, nameVariable(err)
 	}
 	if err := c.loadFiles(); err != nil {
 		return nil, err
@@ -95,6 +95,20 @@ func Load(ctx context.Context, lookup envconfig.Lookuper) (*Config, error) {
 		c.ReplicaID, _ = os.Hostname()
 	}
 	return &c, nil
+}
+
+// nameVariable rewrites go-envconfig's error, which starts with the Go field's name
+// ("MaxBatchSize: strconv.ParseInt: …"), to start with the variable an operator sets.
+// Only non-secret fields can fail to parse (secrets are strings), so the value it may
+// quote is not a secret.
+func nameVariable(err error) error {
+	field, rest, ok := strings.Cut(err.Error(), ": ")
+	if f, found := reflect.TypeOf(Config{}).FieldByName(field); ok && found {
+		if name, _, _ := strings.Cut(f.Tag.Get("env"), ","); name != "" {
+			return fmt.Errorf("%s%s: cannot be read: %s", Prefix, name, rest)
+		}
+	}
+	return fmt.Errorf("reading configuration: %w", err)
 }
 
 // loadFiles reads the *_FILE secrets. A secret set both ways is refused rather than one

@@ -24,7 +24,6 @@ import (
 	"io"
 	"net"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -129,9 +128,9 @@ func (s *Store) Close() error { return s.db.Close() }
 // semantics (we bump version on every guarded write, DESIGN §7), and interpolated
 // parameters (one round trip per statement instead of prepare+execute+close).
 func ParseDSN(dsn string, o Options) (*mysql.Config, error) {
-	cfg, err := mysql.ParseDSN(dsn)
+	cfg, err := parseDSN(dsn) // dsn.go: errors that quote no part of the DSN
 	if err != nil {
-		return nil, fmt.Errorf("BATCHERD_MYSQL_DSN is not a valid go-sql-driver DSN (want user:pass@tcp(host:3306)/db): %w", redactDSNError(err, dsn))
+		return nil, err
 	}
 	o = o.withDefaults()
 	cfg.ParseTime = true
@@ -168,16 +167,6 @@ func (o Options) withDefaults() Options {
 		o.IOTimeout = 30 * time.Second
 	}
 	return o
-}
-
-// redactDSNError keeps the password out of errors: go-sql-driver's parse errors can
-// quote the DSN.
-func redactDSNError(err error, dsn string) error {
-	msg := err.Error()
-	if cfg, perr := mysql.ParseDSN(dsn); perr == nil && cfg.Passwd != "" {
-		msg = strings.ReplaceAll(msg, cfg.Passwd, "***")
-	}
-	return errors.New(msg)
 }
 
 // Open connects and pings. It does not migrate or verify the schema: see Migrate and
