@@ -21,7 +21,7 @@ openapi-lint: ## validate api/openapi.yaml with an independent OpenAPI validator
 
 test: db test-deps openapi-lint ## the test command: bootstrap MariaDB, install test tools, lint api/openapi.yaml, go vet, go test -race
 	$(GO) vet $(PKGS)
-	$(GO) test -race -count=1 -timeout 12m $(PKGS)
+	BATCHERD_REQUIRE_TOOLS=1 $(GO) test -race -count=1 -timeout 12m $(PKGS)
 
 test-race: test ## alias of test (the suite always runs under -race)
 

@@ -16,6 +16,9 @@
 # proxy by the script that runs them (scripts/openapi-lint.sh: kin-openapi's validator),
 # not Debian packages: they need nothing here beyond the Go toolchain.
 #
+# A Go test that runs such a tool skips when it is missing under a plain `go test`, but fails
+# when BATCHERD_REQUIRE_TOOLS is set, as `make test` sets it: the suite never passes by skipping.
+#
 # TEST_DEPS_DRY_RUN=1 only says what it would install (exit 3 when something is missing).
 set -euo pipefail
 
@@ -53,6 +56,7 @@ check_all() {
   # ---- requirements of the suite (one line each; add yours here) ----
   need "go test -race needs cgo, and cgo a C compiler" gcc have "${CC:-gcc}"
   need "cgo builds against the C library's headers" "gcc libc6-dev" cc_builds
+  need "promtool checks and unit-tests the alerting rules (deploy/prometheus)" prometheus have promtool
   # ---- end of requirements ----
 }
 
