@@ -69,6 +69,13 @@ func run() error {
 	}
 	seed := fs.Uint64("seed", seedDef, "seed of the random failures")
 	webURL := fs.String("web-url", env("GITLAB_SIM_WEB_URL", ""), "base of web_url fields (default: the server URL)")
+	version := fs.String("gitlab-version", env("GITLAB_SIM_VERSION", gitlabsim.DefaultVersion), "GitLab version spoken (GET /version and the merge API's semantics), e.g. "+strings.Join(gitlabsim.Versions, ", "))
+	method := fs.String("merge-method", env("GITLAB_SIM_MERGE_METHOD", gitlabsim.MergeMethodMerge), "merge method of the projects: merge, ff or rebase_merge")
+	checkReadsDef, err := strconv.Atoi(env("GITLAB_SIM_MERGE_CHECK_READS", "0"))
+	if err != nil {
+		return fmt.Errorf("GITLAB_SIM_MERGE_CHECK_READS: %w", err)
+	}
+	checkReads := fs.Int("merge-check-reads", checkReadsDef, "reads of an MR before its asynchronous mergeability check ends (0: at once)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return err
 	}
@@ -78,6 +85,14 @@ func run() error {
 			return fmt.Errorf("reading token file: %w", err)
 		}
 		*token = strings.TrimSpace(string(b))
+	}
+	switch *method {
+	case gitlabsim.MergeMethodMerge, gitlabsim.MergeMethodFastForward, gitlabsim.MergeMethodRebaseMerge:
+	default:
+		return fmt.Errorf("merge method %q is not merge, ff or rebase_merge", *method)
+	}
+	if parts := strings.Split(*version, "."); len(parts) < 2 {
+		return fmt.Errorf("gitlab version %q is not major.minor[.patch]", *version)
 	}
 	if *rate < 0 || *rate > 1 {
 		return fmt.Errorf("failure rate %v is outside 0..1", *rate)
@@ -91,6 +106,7 @@ func run() error {
 	sim := gitlabsim.New(gitlabsim.Options{
 		Token: *token, Projects: paths, DefaultBranch: *branch, PipelineDuration: *duration,
 		FailureRate: *rate, FailureReason: *reason, Seed: *seed, WebURL: *webURL,
+		Version: *version, MergeMethod: *method, MergeCheckReads: *checkReads,
 	})
 	if err := sim.Start(*addr); err != nil {
 		return err
@@ -98,7 +114,7 @@ func run() error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	// The token is deliberately not logged.
 	log.Info("gitlab-sim listening", "url", sim.URL(), "api", sim.URL()+"/api/v4", "control", sim.URL()+"/-/sim/state",
-		"projects", strings.Join(paths, ","), "pipeline_duration", duration.String(), "failure_rate", *rate)
+		"projects", strings.Join(paths, ","), "pipeline_duration", duration.String(), "failure_rate", *rate, "gitlab_version", *version, "merge_method", *method)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	<-sig

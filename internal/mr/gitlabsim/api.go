@@ -122,6 +122,7 @@ func createBranch(s *Sim, q *req) (*reply, *apiError) {
 	q.proj.branches[name] = sha
 	// A new branch is a push: GitLab runs a pipeline for it.
 	s.createPipeline(q.proj, name, sha)
+	s.recheckBranch(q.proj, name)
 	return ok(http.StatusCreated, s.branchJSON(q.proj, name))
 }
 
@@ -248,6 +249,7 @@ func createCommit(s *Sim, q *req) (*reply, *apiError) {
 	if branch != q.proj.defaultBranch {
 		s.createPipeline(q.proj, branch, c.sha)
 	}
+	s.recheckBranch(q.proj, branch)
 	return ok(http.StatusCreated, s.commitJSON(q.proj, c, true))
 }
 
@@ -462,7 +464,12 @@ func getMR(s *Sim, q *req) (*reply, *apiError) {
 	if e != nil {
 		return nil, e
 	}
-	return ok(http.StatusOK, s.mrJSON(q.proj, m))
+	s.readMR(q.proj, m)
+	out := s.mrJSON(q.proj, m)
+	if q.boolean("include_rebase_in_progress") {
+		out["rebase_in_progress"] = m.rebase != nil
+	}
+	return ok(http.StatusOK, out)
 }
 
 func createMR(s *Sim, q *req) (*reply, *apiError) {
@@ -500,6 +507,7 @@ func createMR(s *Sim, q *req) (*reply, *apiError) {
 		removeSource: q.boolean("remove_source_branch"), squash: q.boolean("squash"),
 	}
 	q.proj.mrs = append(q.proj.mrs, m)
+	s.startCheck(m, "preparing")
 	return ok(http.StatusCreated, s.mrJSON(q.proj, m))
 }
 
@@ -584,50 +592,86 @@ func updateMR(s *Sim, q *req) (*reply, *apiError) {
 	return ok(http.StatusOK, s.mrJSON(q.proj, m))
 }
 
-// mergeMR follows GitLab's PUT …/merge: the sha guard first (409), then either
-// auto-merge (armed while the head pipeline runs, immediate when it already
-// succeeded or there is none, 405 otherwise) or an immediate merge (405 when not
-// mergeable, 422 "Branch cannot be merged" when the merge itself fails).
+// mergeMR follows GitLab's PUT …/merge as the simulated version does it.
+//
+// 17.11 and later: the sha guard first (409); then auto_merge (or its deprecated alias
+// merge_when_pipeline_succeeds) arms auto-merge when something it can wait for is
+// pending (a running pipeline, a mergeability check) and merges at once when nothing
+// is; a plain merge merges a mergeable MR; anything else is 405, and 422 "Branch cannot
+// be merged" when the merge itself fails.
+//
+// Before 17.11: auto_merge is unknown (dropped like any unknown parameter), so only
+// merge_when_pipeline_succeeds arms, and only while the head pipeline is active; a
+// call that can neither arm nor merge now is 405, an armable one on an MR that cannot
+// merge (conflict, rebase needed) 422, and the sha guard (409) comes after both.
 func mergeMR(s *Sim, q *req) (*reply, *apiError) {
 	m, e := q.findMR()
 	if e != nil {
 		return nil, e
 	}
-	head := s.mrSHA(q.proj, m)
+	p := q.proj
+	head := s.mrSHA(p, m)
 	sha, hasSHA := q.str("sha")
-	if hasSHA && sha != head {
-		return nil, msgErr(http.StatusConflict, "SHA does not match HEAD of source branch: "+head)
-	}
-	auto := q.boolean("merge_when_pipeline_succeeds") || q.boolean("auto_merge")
-	pl := s.headPipeline(q.proj, m)
-	running := pl != nil && (pl.status == "running" || pl.status == "pending" || pl.status == "created")
-	immediate := func() (*reply, *apiError) {
-		if !s.mergeable(q.proj, m) {
-			return nil, msgErr(http.StatusUnprocessableEntity, "Branch cannot be merged")
+	shaErr := func() *apiError {
+		if hasSHA && sha != head {
+			return msgErr(http.StatusConflict, "SHA does not match HEAD of source branch: "+head)
 		}
-		if err := s.doMerge(q.proj, m, head, false); err != nil {
-			return nil, msgErr(http.StatusUnprocessableEntity, "Branch cannot be merged")
-		}
-		return ok(http.StatusOK, s.mrJSON(q.proj, m))
+		return nil
 	}
-	if auto {
+	notAllowed := msgErr(http.StatusMethodNotAllowed, "405 Method Not Allowed")
+	cannot := msgErr(http.StatusUnprocessableEntity, "Branch cannot be merged")
+	if s.ver.shaFirst() {
+		if e := shaErr(); e != nil {
+			return nil, e
+		}
+	}
+	auto := q.boolean("merge_when_pipeline_succeeds")
+	if s.ver.knowsAutoMerge() {
+		auto = auto || q.boolean("auto_merge")
+	}
+	if m.state != "opened" {
+		return nil, notAllowed
+	}
+	dms := s.detailedMergeStatus(p, m)
+	pl := s.headPipeline(p, m)
+	arm := func() (*reply, *apiError) {
+		m.autoMerge = true
+		m.autoMergeSHA = head
+		m.mergeError = ""
+		m.updatedAt = s.now()
+		return ok(http.StatusOK, s.mrJSON(p, m))
+	}
+	now := func() (*reply, *apiError) {
+		if err := s.doMerge(p, m, head, false); err != nil {
+			return nil, cannot
+		}
+		return ok(http.StatusOK, s.mrJSON(p, m))
+	}
+	if s.ver.knowsAutoMerge() {
 		switch {
-		case m.state == "opened" && running:
-			m.autoMerge = true
-			m.autoMergeSHA = head
-			m.mergeError = ""
-			m.updatedAt = s.now()
-			return ok(http.StatusOK, s.mrJSON(q.proj, m))
-		case pl == nil || pl.status == "success":
-			return immediate()
-		default:
-			return nil, msgErr(http.StatusMethodNotAllowed, "405 Method Not Allowed")
+		case auto && (dms == "ci_still_running" || dms == "checking" || dms == "unchecked" || dms == "preparing"):
+			return arm()
+		case dms == "mergeable":
+			return now()
 		}
+		return nil, notAllowed
 	}
-	if !s.mergeable(q.proj, m) {
-		return nil, msgErr(http.StatusMethodNotAllowed, "405 Method Not Allowed")
+	automatically := auto && pl != nil && activeStatus(pl.status)
+	switch {
+	case automatically && (dms == "conflict" || dms == "need_rebase"):
+		return nil, cannot
+	case automatically:
+		if e := shaErr(); e != nil {
+			return nil, e
+		}
+		return arm()
+	case dms == "mergeable":
+		if e := shaErr(); e != nil {
+			return nil, e
+		}
+		return now()
 	}
-	return immediate()
+	return nil, notAllowed
 }
 
 func cancelAutoMerge(s *Sim, q *req) (*reply, *apiError) {

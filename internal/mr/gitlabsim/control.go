@@ -27,7 +27,11 @@ import (
 //	POST   /-/sim/projects/:p/poison                     PoisonRule
 //	DELETE /-/sim/projects/:p/poison
 //	POST   /-/sim/projects/:p/push                       {"files": {"path": "content" | null}, "message": "…"}
+//	POST   /-/sim/projects/:p/pipelines/:id/status       {"status": "…", "failure_reason": "…"}
+//	POST   /-/sim/projects/:p/merge_method               {"merge_method": "merge" | "ff" | "rebase_merge"}
 //	POST   /-/sim/pipelines                              {"duration_ms": n, "failure_rate": f, "manual": b}
+//	POST   /-/sim/pipeline_rules                         PipelineRule
+//	DELETE /-/sim/pipeline_rules
 //	GET    /-/sim/faults                                 faults and how often they applied
 //	POST   /-/sim/faults                                 Fault → {"id": n}
 //	DELETE /-/sim/faults                                 clear every fault
@@ -113,11 +117,19 @@ func (s *Sim) serveControl(w http.ResponseWriter, r *http.Request, escaped strin
 		}
 		var in struct {
 			FailureReason string `json:"failure_reason"`
+			Status        string `json:"status"`
 		}
 		if !decode(&in) {
 			return
 		}
 		switch segs[4] {
+		case "status":
+			err := s.SetPipelineStatus(segs[1], id, in.Status, in.FailureReason)
+			if err != nil && !errors.Is(err, ErrNotFound) {
+				ctlErr(w, http.StatusBadRequest, err.Error())
+				return
+			}
+			done(err)
 		case "fail":
 			done(s.FailPipeline(segs[1], id, in.FailureReason))
 		case "succeed":
@@ -152,6 +164,32 @@ func (s *Sim) serveControl(w http.ResponseWriter, r *http.Request, escaped strin
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"sha": sha}, nil)
+	case n == 3 && segs[0] == "projects" && segs[2] == "merge_method" && m == http.MethodPost:
+		var in struct {
+			MergeMethod string `json:"merge_method"`
+		}
+		if !decode(&in) {
+			return
+		}
+		err := s.SetMergeMethod(segs[1], in.MergeMethod)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			ctlErr(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		done(err)
+	case n == 1 && segs[0] == "pipeline_rules" && m == http.MethodPost:
+		var rule PipelineRule
+		if !decode(&rule) {
+			return
+		}
+		if err := s.AddPipelineRule(rule); err != nil {
+			ctlErr(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		done(nil)
+	case n == 1 && segs[0] == "pipeline_rules" && m == http.MethodDelete:
+		s.ClearPipelineRules()
+		done(nil)
 	case n == 1 && segs[0] == "pipelines" && m == http.MethodPost:
 		var in struct {
 			DurationMS  int64   `json:"duration_ms"`

@@ -104,6 +104,7 @@ func (s *Sim) pipelineJSON(p *project, pl *pipeline) map[string]any {
 	// examples); clients must not assume an integer.
 	out["queued_duration"] = 0.01
 	out["coverage"] = nil
+	out["archived"] = false
 	out["name"] = nil
 	out["detailed_status"] = map[string]any{
 		"icon": "status_" + pl.status, "text": pl.status, "label": pl.status, "group": pl.status,
@@ -152,10 +153,7 @@ func (s *Sim) jobJSON(p *project, pl *pipeline, j *job) map[string]any {
 func (s *Sim) mrBasicJSON(p *project, m *mergeRequest) map[string]any {
 	sha := s.mrSHA(p, m)
 	dms := s.detailedMergeStatus(p, m)
-	mergeStatus := "can_be_merged"
-	if dms == "conflict" {
-		mergeStatus = "cannot_be_merged"
-	}
+	mergeStatus := legacyMergeStatus(dms)
 	var mergedBy, closedBy any
 	if m.state == "merged" {
 		mergedBy = s.userJSON()
@@ -249,7 +247,7 @@ func (s *Sim) projectJSON(p *project) map[string]any {
 		"id": p.id, "name": name, "path": name, "path_with_namespace": p.path, "name_with_namespace": p.path,
 		"default_branch": p.defaultBranch, "web_url": s.webBase() + "/" + p.path,
 		"http_url_to_repo": s.webBase() + "/" + p.path + ".git", "created_at": ts(p.createdAt),
-		"visibility": "private", "only_allow_merge_if_pipeline_succeeds": true, "merge_method": "merge",
+		"visibility": "private", "only_allow_merge_if_pipeline_succeeds": true, "merge_method": p.mergeMethod,
 	}
 }
 

@@ -44,23 +44,31 @@ func (s *Sim) conflicts(p *project, m *mergeRequest) bool {
 	return len(conf) > 0
 }
 
-// detailedMergeStatus follows GitLab's values for the cases the simulator models.
-// The project requires a successful pipeline before merge.
+// detailedMergeStatus follows GitLab's values for the cases the simulator models, in
+// GitLab's order: not open, a pending mergeability check, conflicts, a needed rebase,
+// then CI. The project requires a successful pipeline before merge.
 func (s *Sim) detailedMergeStatus(p *project, m *mergeRequest) string {
 	if m.state != "opened" {
 		return "not_open"
 	}
-	if _, ok := p.branches[m.source]; !ok {
+	if _, ok := p.branches[m.source]; !ok && m.forkProject == 0 {
 		return "broken_status"
+	}
+	if st := s.checkStatus(m); st != "" {
+		return st
 	}
 	if s.conflicts(p, m) {
 		return "conflict"
 	}
+	if s.needRebase(p, m) {
+		return "need_rebase"
+	}
 	if pl := s.headPipeline(p, m); pl != nil {
-		switch pl.status {
-		case "created", "pending", "running", "preparing", "waiting_for_resource":
+		switch {
+		case activeStatus(pl.status):
 			return "ci_still_running"
-		case "failed", "canceled":
+		case pl.status != PipelineSuccess:
+			// failed, canceled, skipped, manual: none of them is a passed pipeline.
 			return "ci_must_pass"
 		}
 	}
@@ -74,8 +82,12 @@ func (s *Sim) mergeable(p *project, m *mergeRequest) bool {
 
 var errConflict = errors.New("gitlabsim: merge conflict")
 
-// doMerge merges the MR into its target: the MR's changes since the merge base are
-// applied to the target's tree in a merge commit. sha, when set, must be the head.
+var errNeedRebase = errors.New("gitlabsim: fast-forward merge is not possible: the source branch must be rebased onto the target branch")
+
+// doMerge merges the MR into its target by the project's merge method: a merge commit
+// of the MR's changes since the merge base (merge; rebase_merge once the source
+// contains the target's head), or the target moved to the source's head (ff). sha,
+// when set, must be the head.
 func (s *Sim) doMerge(p *project, m *mergeRequest, sha string, human bool) error {
 	src, ok := p.branches[m.source]
 	if !ok {
@@ -89,20 +101,31 @@ func (s *Sim) doMerge(p *project, m *mergeRequest, sha string, human bool) error
 	if len(conf) > 0 {
 		return fmt.Errorf("%w: %s", errConflict, strings.Join(conf, ", "))
 	}
-	msg := fmt.Sprintf("Merge branch '%s' into '%s'\n\n%s\n\nSee merge request %s!%d", m.source, m.target, m.title, p.path, m.iid)
-	c := s.newCommit([]string{tgt, src}, msg, merged)
-	p.branches[m.target] = c.sha
+	if p.mergeMethod != MergeMethodMerge && !s.ancestors(src)[tgt] {
+		return errNeedRebase
+	}
+	mergeCommit := src
+	if p.mergeMethod == MergeMethodFastForward {
+		p.branches[m.target] = src
+	} else {
+		msg := fmt.Sprintf("Merge branch '%s' into '%s'\n\n%s\n\nSee merge request %s!%d", m.source, m.target, m.title, p.path, m.iid)
+		c := s.newCommit([]string{tgt, src}, msg, merged)
+		p.branches[m.target] = c.sha
+		mergeCommit = c.sha
+	}
 	now := s.now()
 	m.state = "merged"
 	m.mergedAt = &now
 	m.updatedAt = now
-	m.mergeCommit = c.sha
+	m.mergeCommit = mergeCommit
 	m.frozenSHA = src
 	m.autoMerge = false
 	m.mergedByHuman = human
+	m.check = asyncCheck{}
 	if m.removeSource {
 		delete(p.branches, m.source)
 	}
+	s.recheckBranch(p, m.target)
 	return nil
 }
 
@@ -121,33 +144,47 @@ func (s *Sim) closeMR(p *project, m *mergeRequest) {
 }
 
 // createPipeline starts the pipeline for a commit pushed to ref. Its outcome is
-// decided now (poison rules, random failure rate) and applied when it finishes.
+// decided now (poison rules, pipeline rules, random failure rate) and applied when it
+// finishes.
 func (s *Sim) createPipeline(p *project, ref, sha string) *pipeline {
+	n := 1
+	for _, pl := range p.pipelines {
+		if pl.ref == ref && pl.parent == nil {
+			n++
+		}
+	}
 	s.nextPipeID++
 	s.nextJobID++
 	now := s.now()
+	start := s.opts.PipelineStartStatus
+	var started *time.Time
+	if start == PipelineRunning {
+		started = &now
+	}
 	pl := &pipeline{
 		id: s.nextPipeID, iid: int64(len(p.pipelines) + 1), projectID: p.id,
-		sha: sha, ref: ref, status: "running", createdAt: now, startedAt: &now, updatedAt: now,
-		planned: "success",
+		sha: sha, ref: ref, status: start, createdAt: now, startedAt: started, updatedAt: now,
+		planned: PipelineSuccess,
 	}
-	pl.jobs = []*job{{id: s.nextJobID, name: "test", stage: "test", status: "running", createdAt: now, startedAt: &now}}
+	pl.jobs = []*job{{id: s.nextJobID, name: "test", stage: "test", status: jobStatusFor(start), createdAt: now, startedAt: started}}
 	if s.opts.ChildPipelines {
 		// The job moves to a child pipeline the parent's bridge job triggers.
 		s.nextPipeID++
 		s.nextJobID++
 		child := &pipeline{
 			id: s.nextPipeID, iid: int64(len(p.pipelines) + 2), projectID: p.id,
-			sha: sha, ref: ref, status: "running", createdAt: now, startedAt: &now, updatedAt: now,
+			sha: sha, ref: ref, status: start, createdAt: now, startedAt: started, updatedAt: now,
 			jobs: pl.jobs, parent: pl,
 		}
 		pl.jobs, pl.child, pl.bridgeID = nil, child, s.nextJobID
 		defer func() { p.pipelines = append(p.pipelines, child) }()
 	}
 	if reason, bad := s.poisoned(p, sha); bad {
-		pl.planned, pl.plannedReason = "failed", reason
+		pl.planned, pl.plannedReason = PipelineFailed, reason
+	} else if st, reason, ok := s.ruleFor(ref, n); ok {
+		pl.planned, pl.plannedReason = st, reason
 	} else if s.opts.FailureRate > 0 && s.rng.Float64() < s.opts.FailureRate {
-		pl.planned, pl.plannedReason = "failed", s.opts.FailureReason
+		pl.planned, pl.plannedReason = PipelineFailed, s.opts.FailureReason
 	}
 	p.pipelines = append(p.pipelines, pl)
 	switch {
@@ -204,7 +241,8 @@ func (s *Sim) poisoned(p *project, sha string) (string, bool) {
 	return "", false
 }
 
-// finishPipeline sets a pipeline's final status and lets armed MRs merge.
+// finishPipeline puts a pipeline in status (its end, or a status it then stays in)
+// and lets armed MRs merge when it succeeded.
 func (s *Sim) finishPipeline(p *project, pl *pipeline, status, reason string) {
 	if pl.child != nil {
 		// The child's jobs fail with the reason; the parent (and its bridge) follow
@@ -213,37 +251,54 @@ func (s *Sim) finishPipeline(p *project, pl *pipeline, status, reason string) {
 	}
 	now := s.now()
 	pl.status = status
-	pl.finishedAt = &now
 	pl.updatedAt = now
 	pl.failureReason = ""
+	pl.finishedAt = nil
+	if finalStatus(status) {
+		pl.finishedAt = &now
+	}
+	if status == PipelineRunning && pl.startedAt == nil {
+		pl.startedAt = &now
+	}
 	for _, j := range pl.jobs {
-		j.status = status
-		j.finishedAt = &now
+		j.status = jobStatusFor(status)
+		j.finishedAt = pl.finishedAt
 		j.failureReason = ""
-		if status == "failed" {
+		if status == PipelineFailed {
 			j.failureReason = reason
 		}
 	}
-	if status != "success" || pl.parent != nil {
+	if status != PipelineSuccess || pl.parent != nil {
 		return // armed MRs merge on their head (parent) pipeline
 	}
 	for _, m := range p.mrs {
-		if !m.autoMerge || m.state != "opened" || m.source != pl.ref {
-			continue
+		if m.autoMerge && m.state == "opened" && m.source == pl.ref && s.mrSHA(p, m) == pl.sha {
+			s.tryAutoMerge(p, m)
 		}
-		head := s.mrSHA(p, m)
-		if head != pl.sha {
-			continue
-		}
-		if m.autoMergeSHA != "" && m.autoMergeSHA != head {
-			// GitLab aborts auto-merge when the source moved after it was armed.
-			m.autoMerge = false
-			m.mergeError = "Merge request was not merged: the source branch changed after auto-merge was set"
-			continue
-		}
-		if err := s.doMerge(p, m, head, false); err != nil {
-			m.autoMerge = false
-			m.mergeError = "Merge request is not mergeable"
+	}
+}
+
+// tryAutoMerge merges an MR armed for auto-merge whose head pipeline succeeded, or
+// aborts the auto-merge with GitLab's reason when it cannot merge. GitLab checks
+// mergeability synchronously at this point, so a pending check ends here.
+func (s *Sim) tryAutoMerge(p *project, m *mergeRequest) {
+	pl := s.headPipeline(p, m)
+	if !m.autoMerge || m.state != "opened" || pl == nil || pl.status != PipelineSuccess {
+		return
+	}
+	s.finishCheck(m)
+	head := s.mrSHA(p, m)
+	if m.autoMergeSHA != "" && m.autoMergeSHA != head {
+		// GitLab aborts auto-merge when the source moved after it was armed.
+		m.autoMerge = false
+		m.mergeError = "Merge request was not merged: the source branch changed after auto-merge was set"
+		return
+	}
+	if err := s.doMerge(p, m, head, false); err != nil {
+		m.autoMerge = false
+		m.mergeError = "Merge request is not mergeable"
+		if errors.Is(err, errNeedRebase) {
+			m.mergeError = "Fast-forward merge is not possible. Rebase the source branch onto the target branch."
 		}
 	}
 }

@@ -68,6 +68,33 @@ type Options struct {
 	// MaxActionsPerCommit makes larger commits fail with 400, to exercise chunking.
 	// Zero means no limit.
 	MaxActionsPerCommit int
+
+	// Version is the GitLab version spoken (GET /version, and the merge endpoint's
+	// semantics: see Version16). Default DefaultVersion.
+	Version string
+	// MergeMethod of every project: merge (default), ff or rebase_merge. With ff and
+	// rebase_merge an MR whose source does not contain the target's head shows
+	// detailed_merge_status need_rebase and is not merged until rebased
+	// (PUT …/merge_requests/:iid/rebase).
+	MergeMethod string
+	// MergeCheckReads and MergeCheckDelay make mergeability asynchronous, as GitLab
+	// computes it after an MR is created or either branch moves: the MR shows
+	// merge_status/detailed_merge_status preparing (new MR) or unchecked, then
+	// checking, until it has been read (GET) MergeCheckReads times and MergeCheckDelay
+	// has passed. Meanwhile it cannot be merged at once (405). Zero: known at once.
+	MergeCheckReads int
+	MergeCheckDelay time.Duration
+	// RebaseReads and RebaseDelay make a rebase asynchronous: rebase_in_progress stays
+	// true until the MR has been read RebaseReads times and RebaseDelay has passed.
+	// Zero: the rebase is done by the next read.
+	RebaseReads int
+	RebaseDelay time.Duration
+	// PipelineStartStatus is the status a new pipeline shows until it ends (default
+	// running; created, pending, preparing, waiting_for_resource are what GitLab shows
+	// before a runner takes it).
+	PipelineStartStatus string
+	// PipelineRules decide how pipelines end, per branch (see PipelineRule).
+	PipelineRules []PipelineRule
 }
 
 // User is the identity behind the token, shown as author/merge_user.
@@ -82,6 +109,7 @@ type User struct {
 type Sim struct {
 	mu   sync.Mutex
 	opts Options
+	ver  version
 	user User
 	rng  *rand.Rand
 
@@ -116,6 +144,7 @@ type project struct {
 	pipelines     []*pipeline
 	poison        []PoisonRule
 	createdAt     time.Time
+	mergeMethod   string
 }
 
 type mergeRequest struct {
@@ -141,6 +170,10 @@ type mergeRequest struct {
 	// forkProject is the id of the fork the MR comes from, 0 for this project's own
 	// branch. A fork's branch is not in this project; frozenSHA stands for its head.
 	forkProject int64
+	// check is the asynchronous mergeability check in progress (Options.MergeCheckReads).
+	check asyncCheck
+	// rebase is the rebase in progress (PUT …/rebase), if any.
+	rebase *asyncRebase
 }
 
 type pipeline struct {
@@ -206,8 +239,27 @@ func New(opts Options) *Sim {
 	if opts.FailureReason == "" {
 		opts.FailureReason = "script_failure"
 	}
+	if opts.Version == "" {
+		opts.Version = DefaultVersion
+	}
+	ver, err := parseVersion(opts.Version)
+	if err != nil {
+		panic(err)
+	}
+	switch opts.MergeMethod {
+	case "":
+		opts.MergeMethod = MergeMethodMerge
+	case MergeMethodMerge, MergeMethodFastForward, MergeMethodRebaseMerge:
+	default:
+		panic("gitlabsim: unknown merge method " + opts.MergeMethod)
+	}
+	if opts.PipelineStartStatus == "" {
+		opts.PipelineStartStatus = PipelineRunning
+	}
+	opts.PipelineRules = slices.Clone(opts.PipelineRules)
 	s := &Sim{
 		opts:     opts,
+		ver:      ver,
 		user:     User{ID: 1, Username: "batcherd-bot", Name: "batcherd bot", Email: "batcherd-bot@example.com"},
 		rng:      rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15)),
 		projects: map[int64]*project{},
@@ -305,6 +357,7 @@ func (s *Sim) AddProject(path string) int64 {
 		branches:      map[string]string{},
 		protected:     map[string]bool{s.opts.DefaultBranch: true},
 		createdAt:     s.now(),
+		mergeMethod:   s.opts.MergeMethod,
 	}
 	c := s.newCommit(nil, "Initial commit", map[string]string{"README.md": "# " + path + "\n"})
 	p.branches[p.defaultBranch] = c.sha
@@ -700,8 +753,29 @@ func (s *Sim) PushToDefault(project string, files map[string]*string, message st
 	}
 	c := s.newCommit([]string{head}, message, next)
 	p.branches[p.defaultBranch] = c.sha
+	s.recheckBranch(p, p.defaultBranch)
 	return c.sha, nil
 }
+
+// SetMergeMethod changes a project's merge method (merge, ff, rebase_merge).
+func (s *Sim) SetMergeMethod(project, method string) error {
+	switch method {
+	case MergeMethodMerge, MergeMethodFastForward, MergeMethodRebaseMerge:
+	default:
+		return errors.New("gitlabsim: unknown merge method " + method)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.projectLocked(project)
+	if p == nil {
+		return ErrNotFound
+	}
+	p.mergeMethod = method
+	return nil
+}
+
+// Version is the GitLab version the simulator speaks.
+func (s *Sim) Version() string { return s.opts.Version }
 
 // Calls returns every API call answered so far.
 func (s *Sim) Calls() []Call {
