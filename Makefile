@@ -5,7 +5,7 @@ PKGS      ?= ./...
 # Tests use their own databases on this server (created and dropped per test package).
 export BATCHERD_TEST_DSN ?= batcherd:batcherd@tcp(127.0.0.1:3306)/
 
-.PHONY: help db test-deps openapi-lint test test-race test-short lint build bench demo run chaos clean
+.PHONY: help db test-deps openapi-lint test test-race test-short lint build bench demo run chaos ha clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -48,6 +48,12 @@ run: build ## one replica against your own MySQL and GitLab, configured by BATCH
 chaos: build ## the chaos run: 4 replicas, gitlab-sim and a private MariaDB (restarted once), 3 min of kill -9, connection kills, GitLab faults and human merges, then every end check (CHAOS_FLAGS="-duration 5m -v"; BATCHERD_CHAOS_DURATION)
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/batcherd-chaos ./test/chaos
 	$(BIN)/batcherd-chaos -bin $(BIN) $(CHAOS_FLAGS)
+
+HA_MODE  ?= single
+ha: build ## batcherd on a 3-node MariaDB Galera cluster behind HAProxy (installs galera-4/haproxy if missing): the chaos load, the writer node killed -9 mid-run, during a claim and during a settlement, rejoined each time; then every chaos end check and the unavailability window (HA_MODE=multi: each replica writes through another node; HA_FLAGS="-v")
+	@scripts/ha/install.sh
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/batcherd-chaos ./test/chaos
+	$(BIN)/batcherd-chaos -bin $(BIN) -ha $(HA_MODE) -replicas 3 -duration 90s $(HA_FLAGS)
 
 clean: ## remove build output
 	rm -rf $(BIN)

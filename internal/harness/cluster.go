@@ -49,6 +49,10 @@ type Options struct {
 	DBPrefix string
 	// KeepDatabase leaves the database in place at Close (for inspection).
 	KeepDatabase bool
+	// ReplicaServerDSNs, when set, give replica n (1-based) the server of
+	// ReplicaServerDSNs[(n-1) % len] instead of ServerDSN's (same database): a
+	// multi-writer Galera run has each replica write through another node.
+	ReplicaServerDSNs []string
 
 	// Binaries to run; when nil, Start builds them into a temporary directory removed
 	// at Close (Race builds them with the race detector).
@@ -190,6 +194,11 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		}
 	}
 
+	for _, d := range opts.ReplicaServerDSNs {
+		if _, err = mysql.ParseDSN(d); err != nil {
+			return c, fmt.Errorf("replica server DSN: %w", err)
+		}
+	}
 	if err = c.createDatabase(ctx); err != nil {
 		return c, err
 	}

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // Replica is one `batcherd serve` process. Its address and id stay the same across
@@ -21,6 +23,7 @@ type Replica struct {
 	LogPath string
 
 	c        *Cluster
+	n        int // 1-based
 	mu       sync.Mutex
 	proc     *Process
 	starts   int
@@ -32,6 +35,7 @@ type Replica struct {
 func (c *Cluster) AddReplica(ctx context.Context) (*Replica, error) {
 	n := len(c.Replicas) + 1
 	r := &Replica{
+		n:       n,
 		ID:      fmt.Sprintf("replica-%d", n),
 		LogPath: filepath.Join(c.LogDir, fmt.Sprintf("replica-%d.log", n)),
 		c:       c,
@@ -47,8 +51,12 @@ func (c *Cluster) AddReplica(ctx context.Context) (*Replica, error) {
 // Env is the complete environment the replica runs with.
 func (r *Replica) Env() []string {
 	o := r.c.Opts
+	dsn := r.c.DSN
+	if len(o.ReplicaServerDSNs) > 0 {
+		dsn = r.c.replicaDSN(r.n)
+	}
 	vars := map[string]string{
-		"BATCHERD_MYSQL_DSN":          r.c.DSN,
+		"BATCHERD_MYSQL_DSN":          dsn,
 		"BATCHERD_MYSQL_MAX_CONNS":    "10",
 		"BATCHERD_GITLAB_URL":         r.c.Sim.URL,
 		"BATCHERD_GITLAB_TOKEN":       SimToken,
@@ -264,4 +272,15 @@ func (r *Replica) Work(ctx context.Context) (Work, error) {
 		Failed:    int(m.Sum("batcherd_batch_settles_total", "outcome", "failed")),
 		LostRaces: int(m.Sum(out, "outcome", "lost_race")),
 	}, nil
+}
+
+// replicaDSN is replica n's DSN when Options.ReplicaServerDSNs is set: its server,
+// the cluster's database.
+func (c *Cluster) replicaDSN(n int) string {
+	cfg, err := mysql.ParseDSN(c.Opts.ReplicaServerDSNs[(n-1)%len(c.Opts.ReplicaServerDSNs)])
+	if err != nil {
+		return c.DSN // Start checked them
+	}
+	cfg.DBName = c.DBName
+	return cfg.FormatDSN()
 }

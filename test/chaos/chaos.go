@@ -41,6 +41,11 @@ type Config struct {
 	DBRestarts          int  // how many times MariaDB is restarted (default 1, spread evenly)
 	DBCrash             bool // SIGKILL instead of SIGTERM (crash recovery)
 
+	// HA runs on a three-node Galera cluster instead of one mariadbd (ha.go):
+	// "single" (every replica through HAProxy, one writer) or "multi" (each replica
+	// writes through another node). "" is the usual chaos run.
+	HA string
+
 	Keep    bool // keep logs and the private MariaDB directory
 	Verbose bool
 	// Logf, when set, receives every event line instead of Out (tests: t.Logf).
@@ -77,6 +82,8 @@ func (c Config) validate() error {
 		return errors.New("-workers must be at least 1 and -rate positive")
 	case c.BatchTimeout < 5*time.Second:
 		return fmt.Errorf("-batch-timeout must be at least 5s, got %s", c.BatchTimeout)
+	case c.HA != "" && c.HA != "single" && c.HA != "multi":
+		return fmt.Errorf("-ha must be single or multi, got %q", c.HA)
 	}
 	return nil
 }
@@ -136,7 +143,9 @@ type run struct {
 	rnd   *rnd
 	start time.Time
 
-	db   *harness.MariaDB
+	db   dbServer
+	gal  *harness.Galera // HA runs only (db is the same cluster)
+	ha   *haRun          // HA runs only
 	c    *harness.Cluster
 	api  *harness.Client
 	sql  *sql.DB // root over the private server's socket: never killed by the chaos
@@ -153,6 +162,27 @@ type run struct {
 	verifyOut             string
 	verifyCode            int
 	files, activeBindings int
+}
+
+// dbServer is the database a run uses: one private mariadbd, or a Galera cluster
+// behind HAProxy (ha.go).
+type dbServer interface {
+	Running() bool
+	ServerDSN() string // batcherd's account, without a database
+	AdminDSN() string  // the run's own account
+	Stop(grace time.Duration) error
+	Kill() error
+	Start(ctx context.Context) error
+	Close() error
+}
+
+// dbUser is batcherd's account name on the server.
+func (r *run) dbUser() string {
+	cfg, err := mysql.ParseDSN(r.db.ServerDSN())
+	if err != nil {
+		return ""
+	}
+	return cfg.User
 }
 
 // stats counts what the chaos did.
@@ -242,21 +272,36 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (sum *Summary, err erro
 	if cfg.Verbose {
 		hlog = func(f string, a ...any) { r.logf("harness: "+f, a...) }
 	}
-	r.db, err = harness.StartMariaDB(ctx, harness.MariaDBOptions{Logf: hlog})
-	if err != nil {
-		return nil, fmt.Errorf("private MariaDB: %w", err)
+	if cfg.HA != "" {
+		if err := r.startGalera(ctx, hlog); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if cerr := r.gal.Close(); cerr != nil && err == nil {
+				err = fmt.Errorf("stopping the Galera cluster: %w", cerr)
+			}
+			if cfg.Keep {
+				fmt.Fprintf(out, "Galera cluster directory kept in %s\n", r.gal.Dir)
+			}
+		}()
+	} else {
+		mdb, err := harness.StartMariaDB(ctx, harness.MariaDBOptions{Logf: hlog})
+		if err != nil {
+			return nil, fmt.Errorf("private MariaDB: %w", err)
+		}
+		r.db = mdb
+		defer func() {
+			if cfg.Keep {
+				_ = mdb.Stop(30 * time.Second)
+				fmt.Fprintf(out, "private MariaDB directory kept in %s\n", mdb.Dir)
+				return
+			}
+			if cerr := mdb.Close(); cerr != nil && err == nil {
+				err = fmt.Errorf("stopping the private MariaDB: %w", cerr)
+			}
+		}()
+		r.logf("private mariadbd on 127.0.0.1:%d, data in %s", mdb.Port, mdb.DataDir)
 	}
-	defer func() {
-		if cfg.Keep {
-			_ = r.db.Stop(30 * time.Second)
-			fmt.Fprintf(out, "private MariaDB directory kept in %s\n", r.db.Dir)
-			return
-		}
-		if cerr := r.db.Close(); cerr != nil && err == nil {
-			err = fmt.Errorf("stopping the private MariaDB: %w", cerr)
-		}
-	}()
-	r.logf("private mariadbd on 127.0.0.1:%d, data in %s", r.db.Port, r.db.DataDir)
 
 	var bins *harness.Binaries
 	if cfg.Bin != "" {
@@ -289,8 +334,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (sum *Summary, err erro
 			"BATCHERD_MAX_BATCH_SIZE":   "40",
 			"BATCHERD_SHUTDOWN_TIMEOUT": "5s",
 		},
-		StopGrace: 10 * time.Second,
-		Logf:      hlog,
+		StopGrace:         10 * time.Second,
+		Logf:              hlog,
+		ReplicaServerDSNs: r.replicaServerDSNs(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("starting the cluster: %w", err)
@@ -325,6 +371,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (sum *Summary, err erro
 	// The chaos phase.
 	r.load = newLoad(r)
 	chaosCtx, stopChaos := context.WithTimeout(ctx, cfg.Duration)
+	if cfg.HA != "" {
+		// An HA run's chaos lasts until its kills are done, and at least Duration.
+		stopChaos()
+		chaosCtx, stopChaos = r.haChaosContext(ctx)
+	}
 	defer stopChaos()
 	restarts := &sync.WaitGroup{}
 	// Every return waits for the restarts and freezes in flight (they end at once on
@@ -335,14 +386,20 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (sum *Summary, err erro
 		return nil, err
 	}
 	wg.Go(func() { r.load.run(chaosCtx) })
-	wg.Go(func() { r.killReplicas(chaosCtx, restarts) })
-	wg.Go(func() { r.killConnections(chaosCtx) })
-	if !cfg.NoDBRestart {
-		wg.Go(func() { r.restartDB(chaosCtx) })
+	if cfg.HA != "" {
+		// The database fails over: nothing else is disturbed, so what clients see is
+		// the failover's doing (ha.go).
+		r.haDisrupt(chaosCtx, &wg)
+	} else {
+		wg.Go(func() { r.killReplicas(chaosCtx, restarts) })
+		wg.Go(func() { r.killConnections(chaosCtx) })
+		if !cfg.NoDBRestart {
+			wg.Go(func() { r.restartDB(chaosCtx) })
+		}
+		wg.Go(func() { r.injectFaults(chaosCtx) })
+		wg.Go(func() { r.human(chaosCtx) })
+		wg.Go(func() { r.sniper(chaosCtx) })
 	}
-	wg.Go(func() { r.injectFaults(chaosCtx) })
-	wg.Go(func() { r.human(chaosCtx) })
-	wg.Go(func() { r.sniper(chaosCtx) })
 	wg.Go(func() { r.operator(chaosCtx) })
 	wg.Go(func() { r.monitor(chaosCtx) })
 	wg.Go(func() { r.liveVerify(chaosCtx) })
@@ -390,7 +447,11 @@ func replicaList(c *harness.Cluster) string {
 // recover puts everything back: faults cleared, pipelines healthy, MariaDB up, every
 // replica running.
 func (r *run) recover(ctx context.Context, restarts *sync.WaitGroup) error {
-	if !r.db.Running() {
+	if r.gal != nil {
+		if err := r.haRecover(ctx); err != nil {
+			return err
+		}
+	} else if !r.db.Running() {
 		if err := r.db.Start(ctx); err != nil {
 			return fmt.Errorf("starting MariaDB again: %w", err)
 		}

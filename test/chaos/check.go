@@ -437,8 +437,12 @@ func (r *run) summary(ctx context.Context) string {
 
 	p("")
 	p("=== chaos summary (seed %d) ===", r.cfg.Seed)
-	p("duration          %s of chaos + %s to drain (%s in all); %d replicas, 3 repositories, private MariaDB",
-		s.ChaosTime.Round(100*time.Millisecond), s.DrainTime.Round(100*time.Millisecond), s.Total.Round(100*time.Millisecond), r.cfg.Replicas)
+	dbKind := "private MariaDB"
+	if r.gal != nil {
+		dbKind = "Galera cluster (" + r.cfg.HA + " writer)"
+	}
+	p("duration          %s of chaos + %s to drain (%s in all); %d replicas, 3 repositories, %s",
+		s.ChaosTime.Round(100*time.Millisecond), s.DrainTime.Round(100*time.Millisecond), s.Total.Round(100*time.Millisecond), r.cfg.Replicas, dbKind)
 	p("applications      %d sent with %d Idempotency-Keys (%d exact retries, %d concurrent duplicate groups of %d requests); %d answers unknown (5xx or none) and retried, %d keys resolved after the chaos",
 		requests, keys, exact, dupGroups, dupRequests, unknown, resolvedKeys)
 	p("                  %d operations created; %d refused by the API (%s)", answered, refused, strings.Join(refusedBy, ", "))
@@ -461,6 +465,9 @@ func (r *run) summary(ctx context.Context) string {
 	p("repository        %d binding files on the default branches, %d active bindings", files, active)
 	p("batcherd verify   exit %d: %s", verifyCode, strings.ReplaceAll(strings.TrimSpace(verifyOut), "\n", "; "))
 	p("                  and %d clean audits during the chaos (read-only account; %d could not run while MariaDB restarted)", s.LiveVerifies, s.LiveVerifyErrors)
+	if r.ha != nil {
+		b.WriteString(r.haSummary(ctx))
+	}
 	p("violations        %d", viol)
 	if viol > 0 {
 		r.mu.Lock()

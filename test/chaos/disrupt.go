@@ -130,7 +130,7 @@ func (r *run) killConnections(ctx context.Context) {
 		if r.rnd.Float64() < 0.5 {
 			query += ` AND (COMMAND <> 'Sleep' OR ID IN (SELECT trx_mysql_thread_id FROM information_schema.INNODB_TRX))`
 		}
-		rows, err := r.sql.QueryContext(qctx, query, r.db.User, r.c.DBName)
+		rows, err := r.sql.QueryContext(qctx, query, r.dbUser(), r.c.DBName)
 		if err != nil {
 			cancel()
 			continue
