@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/batcherd/batcherd/internal/store"
+	"github.com/batcherd/batcherd/internal/wire"
 )
 
 const (
@@ -68,7 +69,7 @@ func (s *Server) handleListBatches(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	out := make([]batchObject, 0, len(bs))
+	out := make([]wire.Batch, 0, len(bs))
 	for _, b := range bs {
 		b.OperationIDs = members[b.ID]
 		out = append(out, renderBatch(b))
@@ -79,11 +80,6 @@ func (s *Server) handleListBatches(w http.ResponseWriter, r *http.Request) error
 
 type roundRequest struct {
 	Repo *string `json:"repo"`
-}
-
-type roundResponse struct {
-	Outcome string `json:"outcome"`
-	BatchID *int64 `json:"batch_id,omitempty"`
 }
 
 // handleAdminRound: POST /v1/admin/rounds {"repo"?}. Without repo the round covers
@@ -113,7 +109,7 @@ func (s *Server) handleAdminRound(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	out := roundResponse{Outcome: string(res.Outcome)}
+	out := wire.RoundResult{Outcome: string(res.Outcome)}
 	if res.Outcome == store.ClaimClaimed {
 		id := res.BatchID
 		out.BatchID = &id

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/batcherd/batcherd/internal/wire"
 )
 
 // The OpenAPI document is kept in step with the code: every registered route is
@@ -55,10 +57,10 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 	}
 
 	for name, typ := range map[string]reflect.Type{
-		"Operation": reflect.TypeFor[operationObject](),
-		"Binding":   reflect.TypeFor[bindingObject](),
-		"Batch":     reflect.TypeFor[batchObject](),
-		"Event":     reflect.TypeFor[eventObject](),
+		"Operation": reflect.TypeFor[wire.Operation](),
+		"Binding":   reflect.TypeFor[wire.Binding](),
+		"Batch":     reflect.TypeFor[wire.Batch](),
+		"Event":     reflect.TypeFor[wire.Event](),
 	} {
 		var fields []string
 		for f := range typ.Fields() {

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/batcherd/batcherd/internal/store"
+	"github.com/batcherd/batcherd/internal/wire"
 )
 
 // handleCreateOperation is admission: POST /v1/operations.
@@ -172,7 +173,7 @@ func (s *Server) handleOperationEvents(w http.ResponseWriter, r *http.Request) e
 	if err != nil {
 		return notFoundAs(err, "operation %q not found", id)
 	}
-	out := make([]eventObject, 0, len(evs))
+	out := make([]wire.Event, 0, len(evs))
 	for _, e := range evs {
 		out = append(out, renderEvent(e))
 	}
@@ -220,7 +221,7 @@ func (s *Server) handleListBindings(w http.ResponseWriter, r *http.Request) erro
 		c := strconv.FormatInt(bs[len(bs)-1].ID, 10)
 		next = &c
 	}
-	out := make([]bindingObject, 0, len(bs))
+	out := make([]wire.Binding, 0, len(bs))
 	for _, b := range bs {
 		out = append(out, renderBinding(b))
 	}

@@ -71,7 +71,7 @@ type Settler interface {
 
 // Deps are the API's collaborators.
 type Deps struct {
-	Store *store.Store
+	Store Store
 	Log   *slog.Logger
 	// Registry receives the API's collectors and is what /metrics serves. One per
 	// server (never the global default registry): tests run many servers in a process,
@@ -91,7 +91,7 @@ type Deps struct {
 // Server is the HTTP handler of the API, health and metrics.
 type Server struct {
 	cfg     Config
-	st      *store.Store
+	st      Store
 	log     *slog.Logger
 	rounds  Rounds
 	settler Settler

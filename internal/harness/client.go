@@ -14,65 +14,24 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/batcherd/batcherd/internal/wire"
 )
 
-// The API objects of DESIGN §6, as a client sees them.
-
-// ErrorBody is the {"code","message"} of an error response or of an object's error.
-type ErrorBody struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
-
-// Operation is an operation object.
-type Operation struct {
-	ID        string     `json:"id"`
-	Subject   string     `json:"subject"`
-	Target    string     `json:"target"`
-	Repo      string     `json:"repo"`
-	Action    string     `json:"action"`
-	Status    string     `json:"status"`
-	BatchID   *int64     `json:"batch_id"`
-	MRURL     *string    `json:"mr_url"`
-	Error     *ErrorBody `json:"error"`
-	ExpiresAt *string    `json:"expires_at"`
-	CreatedAt string     `json:"created_at"`
-	UpdatedAt string     `json:"updated_at"`
-}
-
-// Batch is a batch object.
-type Batch struct {
-	ID           int64      `json:"id"`
-	Repo         string     `json:"repo"`
-	Status       string     `json:"status"`
-	Size         int        `json:"size"`
-	SourceBranch string     `json:"source_branch"`
-	MRIID        *int64     `json:"mr_iid"`
-	MRURL        *string    `json:"mr_url"`
-	Error        *ErrorBody `json:"error"`
-	OperationIDs []string   `json:"operation_ids"`
-	CreatedAt    string     `json:"created_at"`
-	UpdatedAt    string     `json:"updated_at"`
-	FinishedAt   *string    `json:"finished_at"`
-}
-
-// Binding is a binding object.
-type Binding struct {
-	Subject     string  `json:"subject"`
-	Target      string  `json:"target"`
-	Repo        string  `json:"repo"`
-	Status      string  `json:"status"`
-	OperationID string  `json:"operation_id"`
-	ExpiresAt   *string `json:"expires_at"`
-	CreatedAt   string  `json:"created_at"`
-	UpdatedAt   string  `json:"updated_at"`
-}
-
-// RoundResult is the answer of POST /v1/admin/rounds.
-type RoundResult struct {
-	Outcome string `json:"outcome"`
-	BatchID *int64 `json:"batch_id"`
-}
+// The API objects as a client sees them: the server's own wire types (internal/wire),
+// under the names the harness's users know.
+type (
+	// ErrorBody is the {"code","message"} of an error response or of an object's error.
+	ErrorBody = wire.Error
+	// Operation is an operation object.
+	Operation = wire.Operation
+	// Batch is a batch object.
+	Batch = wire.Batch
+	// Binding is a binding object.
+	Binding = wire.Binding
+	// RoundResult is the answer of POST /v1/admin/rounds.
+	RoundResult = wire.RoundResult
+)
 
 // OperationRequest is the body of POST /v1/operations.
 type OperationRequest struct {

@@ -2,15 +2,12 @@ package scanner
 
 import (
 	"context"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
 
 	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/store"
@@ -142,11 +139,10 @@ func errClass(err error) string {
 	if c := mr.ClassOf(err); c != mr.ClassNone {
 		return "gitlab_" + c.String()
 	}
-	var me *mysql.MySQLError
 	switch {
 	case errors.Is(err, store.ErrCommitUnknown):
 		return "db_commit_unknown"
-	case errors.As(err, &me), errors.Is(err, driver.ErrBadConn), errors.Is(err, mysql.ErrInvalidConn):
+	case store.IsDBError(err):
 		return "db"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timeout"

@@ -169,7 +169,7 @@ func (c Config) Validate() error {
 // Scanner owns every loop of one replica.
 type Scanner struct {
 	cfg Config
-	st  *store.Store
+	st  Store
 	gl  GitLab // instrumented
 	log *slog.Logger
 	m   *metrics
@@ -198,7 +198,7 @@ type Scanner struct {
 
 // New builds a scanner. reg receives the scanner's metrics; nil keeps them private
 // (never the global default registry: tests run several scanners in one process).
-func New(cfg Config, st *store.Store, gl GitLab, log *slog.Logger, reg prometheus.Registerer) *Scanner {
+func New(cfg Config, st Store, gl GitLab, log *slog.Logger, reg prometheus.Registerer) *Scanner {
 	cfg = cfg.withDefaults()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

@@ -275,6 +275,14 @@ func isConnLost(err error) bool {
 	return errors.As(err, &ne)
 }
 
+// IsDBError reports whether err came from the database or the connection to it (a
+// server error, a broken or invalid connection) rather than from a decision of the
+// store. Callers outside store use it to label errors without seeing the driver.
+func IsDBError(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn)
+}
+
 // mustAffect turns a guarded write's affected-row count into ErrLostRace when it is not
 // the expected number.
 func mustAffect(res sql.Result, want int64) error {

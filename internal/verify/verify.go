@@ -18,6 +18,8 @@ import (
 	"strings"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // Violation is one broken rule.
@@ -125,11 +127,11 @@ func (q *querier) sel(ctx context.Context, dest any, query string, args ...any) 
 const eventBatchUnchanged = "batch_unchanged"
 
 type batchRow struct {
-	ID     int64         `db:"id"`
-	Repo   string        `db:"repo"`
-	Status int           `db:"status"`
-	MRIID  sql.NullInt64 `db:"mr_iid"`
-	Size   int           `db:"size"`
+	ID     int64              `db:"id"`
+	Repo   string             `db:"repo"`
+	Status domain.BatchStatus `db:"status"`
+	MRIID  sql.NullInt64      `db:"mr_iid"`
+	Size   int                `db:"size"`
 }
 
 // batches: I1 (one active batch per repository), "a SUCCEEDED batch has an MR" (or
@@ -168,7 +170,7 @@ func (a *auditor) batches(ctx context.Context, q *querier) error {
 		unchanged := map[int64]bool{}
 		var noMR []int64
 		for _, b := range rows {
-			if b.Status == 2 && !b.MRIID.Valid {
+			if b.Status == domain.BatchSucceeded && !b.MRIID.Valid {
 				noMR = append(noMR, b.ID)
 			}
 		}
@@ -189,14 +191,14 @@ func (a *auditor) batches(ctx context.Context, q *querier) error {
 			case n != b.Size:
 				a.add("agreement", "merge_batch_member", fmt.Sprintf("batch size is %d but its member history has %d rows", b.Size, n), id)
 			}
-			switch b.Status {
-			case 1, 4:
+			switch {
+			case b.Status.Active():
 				active[b.Repo] = append(active[b.Repo], id)
-			case 2:
+			case b.Status == domain.BatchSucceeded:
 				if !b.MRIID.Valid && !unchanged[b.ID] {
 					a.add("agreement", "merge_batch", "SUCCEEDED batch has no MR recorded", id)
 				}
-			case 3:
+			case b.Status == domain.BatchFailed:
 			default:
 				a.add("agreement", "merge_batch", fmt.Sprintf("unknown status %d", b.Status), id)
 			}
@@ -221,17 +223,17 @@ func (a *auditor) batches(ctx context.Context, q *querier) error {
 }
 
 type opRow struct {
-	ID          int64         `db:"id"`
-	OperationID string        `db:"operation_id"`
-	Status      string        `db:"status"`
-	BatchID     sql.NullInt64 `db:"batch_id"`
-	ErrorCode   string        `db:"error_code"`
+	ID          int64           `db:"id"`
+	OperationID string          `db:"operation_id"`
+	Status      domain.OpStatus `db:"status"`
+	BatchID     sql.NullInt64   `db:"batch_id"`
+	ErrorCode   string          `db:"error_code"`
 }
 
 type memberRow struct {
-	OperationID string `db:"operation_id"`
-	BatchID     int64  `db:"batch_id"`
-	Status      int    `db:"status"`
+	OperationID string             `db:"operation_id"`
+	BatchID     int64              `db:"batch_id"`
+	Status      domain.BatchStatus `db:"status"`
 }
 
 type waitRow struct {
@@ -297,7 +299,7 @@ func (a *auditor) checkOp(o opRow, members []memberRow, wait map[string]waitRow)
 	// members (retry, bisection), so at most one non-FAILED batch may hold it.
 	var live []string
 	for _, m := range members {
-		if m.Status != 3 {
+		if m.Status != domain.BatchFailed {
 			live = append(live, fmt.Sprint(m.BatchID))
 		}
 	}
@@ -308,7 +310,7 @@ func (a *auditor) checkOp(o opRow, members []memberRow, wait map[string]waitRow)
 	// batch. (A member left in_batch or requeued elsewhere would have its file in the
 	// repository while the database says otherwise.)
 	for _, m := range members {
-		if m.Status == 2 && (o.Status != "merged" || !o.BatchID.Valid || o.BatchID.Int64 != m.BatchID) {
+		if m.Status == domain.BatchSucceeded && (o.Status != domain.OpMerged || !o.BatchID.Valid || o.BatchID.Int64 != m.BatchID) {
 			batch := "none"
 			if o.BatchID.Valid {
 				batch = fmt.Sprint(o.BatchID.Int64)
@@ -324,15 +326,15 @@ func (a *auditor) checkOp(o opRow, members []memberRow, wait map[string]waitRow)
 	}
 	waiting := hasWait && !w.BatchID.Valid
 	switch o.Status {
-	case "pending_approval", "rejected":
+	case domain.OpPendingApproval, domain.OpRejected:
 		if hasWait {
-			a.add("agreement", "merge_batch_request", "operation "+o.Status+" but present in the waiting set", id)
+			a.add("agreement", "merge_batch_request", "operation "+string(o.Status)+" but present in the waiting set", id)
 		}
-	case "queued":
+	case domain.OpQueued:
 		if !waiting {
 			a.add("agreement", "operation", "queued operation missing from the waiting set (it would never be claimed)", id)
 		}
-	case "in_batch":
+	case domain.OpInBatch:
 		if !o.BatchID.Valid {
 			a.add("agreement", "operation", "in_batch operation has no batch_id", id)
 			return
@@ -341,21 +343,21 @@ func (a *auditor) checkOp(o opRow, members []memberRow, wait map[string]waitRow)
 		switch {
 		case !ok:
 			a.add("agreement", "operation", fmt.Sprintf("in_batch in batch %d, which has no member row for it", o.BatchID.Int64), id)
-		case m.Status != 1 && m.Status != 4:
+		case !m.Status.Active():
 			a.add("agreement", "operation", fmt.Sprintf("in_batch but its batch %d is not active (status %d)", o.BatchID.Int64, m.Status), id)
 		}
 		if !hasWait || !w.BatchID.Valid || w.BatchID.Int64 != o.BatchID.Int64 {
 			a.add("agreement", "merge_batch_request", fmt.Sprintf("in_batch in batch %d but its waiting row does not say so", o.BatchID.Int64), id)
 		}
-	case "merged":
+	case domain.OpMerged:
 		if !o.BatchID.Valid {
 			a.add("agreement", "operation", "merged operation has no batch_id", id)
 			return
 		}
-		if m, ok := inMembers(o.BatchID.Int64); !ok || m.Status != 2 {
+		if m, ok := inMembers(o.BatchID.Int64); !ok || m.Status != domain.BatchSucceeded {
 			a.add("agreement", "operation", fmt.Sprintf("merged but its batch %d did not succeed", o.BatchID.Int64), id)
 		}
-	case "failed":
+	case domain.OpFailed:
 		if waiting {
 			a.add("agreement", "merge_batch_request", "failed operation still waiting to be claimed", id)
 		}
@@ -363,45 +365,40 @@ func (a *auditor) checkOp(o opRow, members []memberRow, wait map[string]waitRow)
 			a.add("agreement", "operation", "failed operation has no reason (error_code empty)", id)
 		}
 	default:
-		a.add("agreement", "operation", "unknown status "+o.Status, id)
+		a.add("agreement", "operation", "unknown status "+string(o.Status), id)
 	}
 }
 
 type bindingRow struct {
-	ID          int64          `db:"id"`
-	Subject     string         `db:"subject"`
-	Target      string         `db:"target"`
-	Status      string         `db:"status"`
-	OperationID string         `db:"operation_id"`
-	Latest      sql.NullString `db:"latest"`
-	OpStatus    sql.NullString `db:"op_status"`
-	OpAction    sql.NullString `db:"op_action"`
+	ID          int64                `db:"id"`
+	Subject     string               `db:"subject"`
+	Target      string               `db:"target"`
+	Status      domain.BindingStatus `db:"status"`
+	OperationID string               `db:"operation_id"`
+	Latest      sql.NullString       `db:"latest"`
+	OpStatus    sql.NullString       `db:"op_status"`
+	OpAction    sql.NullString       `db:"op_action"`
 }
 
-// expectedBinding is the binding status its latest operation implies (DESIGN §3).
-func expectedBinding(action, opStatus string) []string {
-	grant := action == "grant"
+// expectedBinding is the binding status its latest operation implies (the binding
+// says what the repository holds; docs/ARCHITECTURE.md, "State machine").
+func expectedBinding(action domain.Action, opStatus domain.OpStatus) []domain.BindingStatus {
+	grant := action == domain.ActionGrant
+	pick := func(ifGrant, ifRevoke domain.BindingStatus) []domain.BindingStatus {
+		if grant {
+			return []domain.BindingStatus{ifGrant}
+		}
+		return []domain.BindingStatus{ifRevoke}
+	}
 	switch opStatus {
-	case "pending_approval", "queued", "in_batch":
-		if grant {
-			return []string{"pending"}
-		}
-		return []string{"revoking"}
-	case "merged":
-		if grant {
-			return []string{"active"}
-		}
-		return []string{"closed"}
-	case "failed":
-		if grant {
-			return []string{"failed"}
-		}
-		return []string{"active"}
-	case "rejected":
-		if grant {
-			return []string{"rejected"}
-		}
-		return []string{"active"}
+	case domain.OpPendingApproval, domain.OpQueued, domain.OpInBatch:
+		return pick(domain.BindingPending, domain.BindingRevoking)
+	case domain.OpMerged:
+		return pick(domain.BindingActive, domain.BindingClosed)
+	case domain.OpFailed:
+		return pick(domain.BindingFailed, domain.BindingActive)
+	case domain.OpRejected:
+		return pick(domain.BindingRejected, domain.BindingActive)
 	}
 	return nil
 }
@@ -429,13 +426,13 @@ func (a *auditor) bindings(ctx context.Context, q *querier) error {
 			if b.Latest.Valid && b.Latest.String != b.OperationID {
 				a.add("I5", "binding", fmt.Sprintf("binding (%q, %q) points at %s but its latest operation is %s", b.Subject, b.Target, b.OperationID, b.Latest.String), id)
 			}
-			want := expectedBinding(b.OpAction.String, b.OpStatus.String)
+			want := expectedBinding(domain.Action(b.OpAction.String), domain.OpStatus(b.OpStatus.String))
 			ok := false
 			for _, s := range want {
 				ok = ok || s == b.Status
 			}
 			if !ok {
-				a.add("agreement", "binding", fmt.Sprintf("binding is %s but its %s operation %s is %s (want %s)", b.Status, b.OpAction.String, b.OperationID, b.OpStatus.String, strings.Join(want, "|")), id)
+				a.add("agreement", "binding", fmt.Sprintf("binding is %s but its %s operation %s is %s (want %s)", b.Status, b.OpAction.String, b.OperationID, b.OpStatus.String, joinStatuses(want)), id)
 			}
 		}
 		seen += len(rows)
@@ -459,4 +456,12 @@ func (a *auditor) bindings(ctx context.Context, q *querier) error {
 		a.add("I5", "binding", fmt.Sprintf("relation (%q, %q) has %d rows", d.Subject, d.Target, d.N))
 	}
 	return nil
+}
+
+func joinStatuses(ss []domain.BindingStatus) string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = string(s)
+	}
+	return strings.Join(out, "|")
 }

@@ -1,0 +1,37 @@
+package api
+
+import (
+	"context"
+
+	"github.com/batcherd/batcherd/internal/domain"
+	"github.com/batcherd/batcherd/internal/store"
+)
+
+// Store is what the API needs from the database; *store.Store satisfies it. Declared
+// here, where it is used: every method is one store transaction, and the handlers
+// never see a driver error (store translates them into its sentinel errors, which
+// toAPIError maps to answers).
+type Store interface {
+	Ping(ctx context.Context) error
+
+	// operations
+	OperationCreate(ctx context.Context, p store.OperationCreateParams) (op domain.Operation, created bool, err error)
+	OperationApprove(ctx context.Context, operationID string) (domain.Operation, error)
+	OperationReject(ctx context.Context, operationID string) (domain.Operation, error)
+	OperationRetry(ctx context.Context, operationID string) (domain.Operation, error)
+	OperationGetView(ctx context.Context, operationID string) (store.OperationView, error)
+	OperationEvents(ctx context.Context, operationID string) ([]store.Event, error)
+	OperationCounts(ctx context.Context, statuses ...domain.OpStatus) (map[domain.OpStatus]int64, error)
+
+	// bindings and batches
+	BindingList(ctx context.Context, subject, target string, afterID int64, limit int) ([]domain.Binding, error)
+	BindingsExpiredActive(ctx context.Context) (int64, error)
+	BatchGet(ctx context.Context, id int64) (domain.Batch, error)
+	BatchList(ctx context.Context, f store.BatchFilter) ([]domain.Batch, error)
+	BatchMRURL(ctx context.Context, batchID int64) (string, error)
+	BatchOperationIDs(ctx context.Context, batchIDs []int64) (map[int64][]string, error)
+	BatchMarkDue(ctx context.Context, id int64) error
+	WaitingStats(ctx context.Context) ([]store.RepoWaiting, error)
+}
+
+var _ Store = (*store.Store)(nil)
