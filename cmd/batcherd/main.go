@@ -104,6 +104,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return app.ExitOK
 	}
 	code := app.ExitCode(err)
+	// A schema batcherd refuses is an operator's to fix: plain lines, the fix first, one
+	// per problem (in a log record they were one line of 2,000 characters).
+	var schema *app.SchemaError
+	if errors.As(err, &schema) {
+		fmt.Fprintf(stderr, "batcherd %s: %s\n", cmd.name, strings.Join(schema.Lines(), "\n  "))
+		return code
+	}
 	if !errors.Is(err, context.Canceled) {
 		log.Error("batcherd "+cmd.name+" failed", "err", err)
 	}

@@ -89,19 +89,24 @@ func CheckSchema(ctx context.Context, cfg *config.Config, env Env) error {
 	return nil
 }
 
-// checkSchema runs the I8 check, logs the server's isolation settings and wraps drift
-// in ErrSchemaDrift.
+// checkSchema runs the I8 check, logs the server's isolation settings and returns a
+// *SchemaError (ErrSchemaDrift, exit 3) when migrations are pending or the schema
+// drifted (schema.go).
 func checkSchema(ctx context.Context, st *store.Store, log *slog.Logger) error {
-	rep, err := st.CheckSchema(ctx)
+	// Only what the check found is drift (exit 3). Failing to read the schema (the
+	// connection broke, the server went away mid-check) is an ordinary failure (exit 1):
+	// a network blip must not send an operator to the drift runbook. Found by the chaos
+	// run's live `batcherd verify` during a database restart.
+	pending, err := st.PendingMigrations(ctx)
 	if err != nil {
-		// Only drift the check found is drift (exit 3). Failing to read the schema (the
-		// connection broke, the server went away mid-check) is an ordinary failure
-		// (exit 1): a network blip must not send an operator to the drift runbook.
-		// Found by the chaos run's live `batcherd verify` during a database restart.
-		if !errors.Is(err, store.ErrSchemaDrift) {
-			return fmt.Errorf("reading the schema: %w", err)
-		}
-		return fmt.Errorf("%w: %w", ErrSchemaDrift, err)
+		return fmt.Errorf("reading the schema: %w", err)
+	}
+	rep, err := st.CheckSchema(ctx)
+	if err != nil && !errors.Is(err, store.ErrSchemaDrift) {
+		return fmt.Errorf("reading the schema: %w", err)
+	}
+	if len(pending) > 0 || err != nil {
+		return &SchemaError{Database: rep.Database, Pending: pending, Problems: rep.Problems}
 	}
 	log.Info("schema verified", rep.LogAttrs()...)
 	return nil

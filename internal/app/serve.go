@@ -76,7 +76,7 @@ func New(ctx context.Context, cfg *config.Config, env Env) (*App, error) {
 	}
 	if err := checkSchema(ctx, st, log); err != nil {
 		st.Close()
-		return nil, fmt.Errorf("%w (run 'batcherd migrate', or see the README's runbook on schema drift)", err)
+		return nil, err
 	}
 	gl, err := mr.New(mr.Config{BaseURL: cfg.GitLabURL, Token: cfg.GitLabToken, CallTimeout: cfg.GitLabTimeout, TargetBranch: cfg.TargetBranch})
 	if err != nil {

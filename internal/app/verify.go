@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/batcherd/batcherd/internal/config"
@@ -18,8 +19,14 @@ func Verify(ctx context.Context, cfg *config.Config, env Env) error {
 	}
 	defer st.Close()
 	schemaErr := checkSchema(ctx, st, env.Log)
-	if schemaErr != nil {
-		fmt.Fprintf(env.Stdout, "[I8] schema: %v\n", schemaErr)
+	var schema *SchemaError
+	if errors.As(schemaErr, &schema) {
+		if len(schema.Pending) > 0 {
+			return schemaErr // nothing to audit before the tables exist
+		}
+		fmt.Fprintf(env.Stdout, "[I8] schema: %d problem(s), listed with the fix after the report\n", len(schema.Problems))
+	} else if schemaErr != nil {
+		return schemaErr
 	}
 	rep, err := verify.Run(ctx, st.DB(), verify.Options{})
 	if err != nil {
