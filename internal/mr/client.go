@@ -42,8 +42,9 @@ type Config struct {
 
 // Client implements what the scanner needs from GitLab.
 type Client struct {
-	cfg Config
-	gl  *gitlab.Client
+	cfg     Config
+	gl      *gitlab.Client
+	version versionCache
 }
 
 // New builds a client. It does not call GitLab.
@@ -359,10 +360,12 @@ func withLabel(labels []string) []string {
 	return out
 }
 
-// GetMR reads one MR, with its head pipeline status and failure reason.
+// GetMR reads one MR, with its head pipeline status and failure reason, and whether a
+// rebase is running.
 func (c *Client) GetMR(ctx context.Context, project string, iid int64) (MergeRequest, error) {
 	var m glMR
-	if err := c.raw(ctx, "get_mr", http.MethodGet, mrPath(project, iid), nil, &m); err != nil {
+	opt := &gitlab.GetMergeRequestsOptions{IncludeRebaseInProgress: gitlab.Ptr(true)}
+	if err := c.raw(ctx, "get_mr", http.MethodGet, mrPath(project, iid), opt, &m); err != nil {
 		return MergeRequest{}, err
 	}
 	return c.withFailureReason(ctx, project, m.convert()), nil
@@ -436,12 +439,7 @@ func firstFailed(jobs []glJob) *glJob {
 // SetAutoMerge arms "merge when pipeline succeeds", guarded by sha. If the pipeline
 // already succeeded GitLab merges at once, and the returned MR says merged.
 func (c *Client) SetAutoMerge(ctx context.Context, project string, iid int64, sha string) (MergeRequest, error) {
-	mr, err := c.acceptMR(ctx, "set_auto_merge", project, iid, &gitlab.AcceptMergeRequestOptions{
-		AutoMerge: gitlab.Ptr(true),
-		// Older GitLab versions know only the deprecated name; newer ones accept both.
-		MergeWhenPipelineSucceeds: gitlab.Ptr(true),
-		SHA:                       &sha,
-	})
+	mr, err := c.acceptMR(ctx, "set_auto_merge", project, iid, c.autoMergeOptions(ctx, sha))
 	if err == nil {
 		return mr, nil
 	}
@@ -533,7 +531,10 @@ func mrPath(project string, iid int64) string {
 type glMR struct {
 	IID                       int64       `json:"iid"`
 	State                     string      `json:"state"`
+	MergeStatus               string      `json:"merge_status"`
 	DetailedMergeStatus       string      `json:"detailed_merge_status"`
+	MergeError                *string     `json:"merge_error"`
+	RebaseInProgress          bool        `json:"rebase_in_progress"`
 	HasConflicts              bool        `json:"has_conflicts"`
 	SHA                       string      `json:"sha"`
 	WebURL                    string      `json:"web_url"`
@@ -559,7 +560,9 @@ func (m glMR) convert() MergeRequest {
 	mr := MergeRequest{
 		IID:                       m.IID,
 		State:                     m.State,
+		MergeStatus:               m.MergeStatus,
 		DetailedMergeStatus:       m.DetailedMergeStatus,
+		RebaseInProgress:          m.RebaseInProgress,
 		HasConflicts:              m.HasConflicts,
 		SHA:                       m.SHA,
 		WebURL:                    m.WebURL,
@@ -569,6 +572,9 @@ func (m glMR) convert() MergeRequest {
 		MergeWhenPipelineSucceeds: m.MergeWhenPipelineSucceeds,
 		MergedAt:                  m.MergedAt,
 		ClosedAt:                  m.ClosedAt,
+	}
+	if m.MergeError != nil {
+		mr.MergeError = *m.MergeError
 	}
 	switch {
 	case m.HeadPipeline != nil:

@@ -35,10 +35,19 @@ const (
 type MergeRequest struct {
 	IID                 int64
 	State               string // opened, closed, merged, locked
-	DetailedMergeStatus string // e.g. mergeable, ci_still_running, conflict, need_rebase
-	HasConflicts        bool
-	PipelineStatus      string // head pipeline: "" (none), created, pending, running, success, failed, canceled, skipped, manual
-	PipelineID          int64
+	DetailedMergeStatus string // e.g. mergeable, ci_still_running, conflict, need_rebase, checking
+	// MergeStatus is the deprecated merge_status (unchecked, preparing, checking,
+	// can_be_merged, cannot_be_merged…): servers whose detailed_merge_status is empty
+	// still say with it whether mergeability is being checked.
+	MergeStatus  string
+	HasConflicts bool
+	// RebaseInProgress: a rebase (Rebase) is running in the background.
+	RebaseInProgress bool
+	// MergeError is GitLab's last word on a merge or rebase that did not happen
+	// ("Rebase failed: …", an aborted auto-merge), "" when none.
+	MergeError     string
+	PipelineStatus string // head pipeline: "" (none), or one of GitLab's statuses (created, waiting_for_resource, preparing, pending, running, success, failed, canceled, canceling, skipped, manual, scheduled)
+	PipelineID     int64
 	// FailureReason is the failure_reason of the first failed job of a failed head
 	// pipeline (script_failure, runner_system_failure, stuck_or_timeout_failure, …),
 	// "" when unknown or not failed.
@@ -55,6 +64,24 @@ type MergeRequest struct {
 	MergeWhenPipelineSucceeds bool
 	MergedAt                  *time.Time
 	ClosedAt                  *time.Time
+}
+
+// MergeabilityPending reports whether GitLab is still computing whether the MR can
+// merge (after it was created, or either branch moved): detailed_merge_status
+// preparing, unchecked or checking — or, from a server that sends no detailed status,
+// merge_status unchecked/checking/…_recheck. Its conflict and rebase answers are not
+// known yet; the caller waits.
+func (m MergeRequest) MergeabilityPending() bool {
+	switch m.DetailedMergeStatus {
+	case "preparing", "unchecked", "checking", "approvals_syncing":
+		return true
+	case "":
+		switch m.MergeStatus {
+		case "preparing", "unchecked", "checking", "cannot_be_merged_recheck", "cannot_be_merged_rechecking":
+			return true
+		}
+	}
+	return false
 }
 
 // FileAction is one file change of a batch commit. The layer decides create vs update

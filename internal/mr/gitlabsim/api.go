@@ -729,8 +729,12 @@ func listPipelineJobs(s *Sim, q *req) (*reply, *apiError) {
 		return nil, e
 	}
 	scope, hasScope := q.list("scope")
+	withRetried := q.boolean("include_retried")
 	var jobs []*job
 	for _, j := range pl.jobs {
+		if j.retried && !withRetried {
+			continue
+		}
 		if hasScope && len(scope) > 0 && !slices.Contains(scope, j.status) {
 			continue
 		}

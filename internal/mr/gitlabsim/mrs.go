@@ -147,12 +147,7 @@ func (s *Sim) closeMR(p *project, m *mergeRequest) {
 // decided now (poison rules, pipeline rules, random failure rate) and applied when it
 // finishes.
 func (s *Sim) createPipeline(p *project, ref, sha string) *pipeline {
-	n := 1
-	for _, pl := range p.pipelines {
-		if pl.ref == ref && pl.parent == nil {
-			n++
-		}
-	}
+	n := s.runsOf(p, ref) + 1
 	s.nextPipeID++
 	s.nextJobID++
 	now := s.now()
@@ -187,6 +182,13 @@ func (s *Sim) createPipeline(p *project, ref, sha string) *pipeline {
 		pl.planned, pl.plannedReason = PipelineFailed, s.opts.FailureReason
 	}
 	p.pipelines = append(p.pipelines, pl)
+	s.schedule(p, pl)
+	return pl
+}
+
+// schedule finishes a pipeline with its planned outcome after PipelineDuration (at
+// once when zero; never by itself with ManualPipelines).
+func (s *Sim) schedule(p *project, pl *pipeline) {
 	switch {
 	case s.opts.ManualPipelines:
 	case s.opts.PipelineDuration <= 0:
@@ -204,7 +206,6 @@ func (s *Sim) createPipeline(p *project, ref, sha string) *pipeline {
 		})
 		s.timers[t] = true
 	}
-	return pl
 }
 
 // poisoned checks the commit's changes relative to the default branch against the

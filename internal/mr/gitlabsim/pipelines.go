@@ -2,9 +2,131 @@ package gitlabsim
 
 import (
 	"errors"
+	"net/http"
 	"slices"
 	"strings"
 )
+
+func init() {
+	addRoute(http.MethodPost, "/projects/:id/pipelines/:pid/retry", retryPipeline)
+	addRoute(http.MethodGet, "/projects/:id/merge_requests/:iid/commits", listMRCommits)
+}
+
+// runsOf counts the runs of a branch's (parent) pipelines: each pipeline once, and
+// once more per retry of its failed jobs. Pipeline rules with First count runs, so a
+// flaky test fails the first runs of a branch whether they are new pipelines or
+// retries.
+func (s *Sim) runsOf(p *project, ref string) int {
+	n := 0
+	for _, pl := range p.pipelines {
+		if pl.ref == ref && pl.parent == nil {
+			n += 1 + pl.retries
+		}
+	}
+	return n
+}
+
+// retryPipeline is POST …/pipelines/:id/retry: the failed and canceled jobs run again
+// as new jobs of the same pipeline (the old ones are then listed only with
+// include_retried), and the pipeline runs again. Without such jobs nothing happens.
+func retryPipeline(s *Sim, q *req) (*reply, *apiError) {
+	pl, e := q.findPipeline()
+	if e != nil {
+		return nil, e
+	}
+	if pl.parent != nil {
+		pl = pl.parent
+	}
+	s.retryLocked(q.proj, pl)
+	return ok(http.StatusCreated, s.pipelineJSON(q.proj, pl))
+}
+
+func (s *Sim) retryLocked(p *project, pl *pipeline) {
+	now := s.now()
+	again := false
+	for _, x := range []*pipeline{pl, pl.child} {
+		if x == nil {
+			continue
+		}
+		var fresh []*job
+		for _, j := range x.jobs {
+			if j.retried || (j.status != PipelineFailed && j.status != PipelineCanceled) {
+				continue
+			}
+			j.retried = true
+			s.nextJobID++
+			fresh = append(fresh, &job{id: s.nextJobID, name: j.name, stage: j.stage, status: jobStatusFor(s.opts.PipelineStartStatus), createdAt: now})
+		}
+		if len(fresh) > 0 {
+			again = true
+			x.jobs = append(x.jobs, fresh...)
+			x.status, x.finishedAt, x.updatedAt = s.opts.PipelineStartStatus, nil, now
+		}
+	}
+	if !again {
+		return
+	}
+	pl.retries++
+	pl.status, pl.finishedAt, pl.updatedAt = s.opts.PipelineStartStatus, nil, now
+	pl.planned, pl.plannedReason = PipelineSuccess, ""
+	if reason, bad := s.poisoned(p, pl.sha); bad {
+		pl.planned, pl.plannedReason = PipelineFailed, reason
+	} else if st, reason, ok := s.ruleFor(pl.ref, s.runsOf(p, pl.ref)); ok {
+		pl.planned, pl.plannedReason = st, reason
+	} else if s.opts.FailureRate > 0 && s.rng.Float64() < s.opts.FailureRate {
+		pl.planned, pl.plannedReason = PipelineFailed, s.opts.FailureReason
+	}
+	s.schedule(p, pl)
+}
+
+// RetryPipeline retries a pipeline's failed jobs as POST …/retry does.
+func (s *Sim) RetryPipeline(project string, pipelineID int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.projectLocked(project)
+	if p == nil {
+		return ErrNotFound
+	}
+	for _, pl := range p.pipelines {
+		if pl.id == pipelineID {
+			if pl.parent != nil {
+				pl = pl.parent
+			}
+			s.retryLocked(p, pl)
+			return nil
+		}
+	}
+	return ErrNotFound
+}
+
+// listMRCommits is GET …/merge_requests/:iid/commits: the commits of the source branch
+// that are not on the target, newest first (commit entities, trailers included).
+func listMRCommits(s *Sim, q *req) (*reply, *apiError) {
+	m, e := q.findMR()
+	if e != nil {
+		return nil, e
+	}
+	head := s.mrSHA(q.proj, m)
+	onTarget := s.ancestors(q.proj.branches[m.target])
+	var cs []*commit // first-parent walk from the head: newest first
+	for cur := head; cur != "" && !onTarget[cur]; {
+		c := s.commits[cur]
+		if c == nil {
+			break
+		}
+		cs = append(cs, c)
+		if len(c.parents) == 0 {
+			break
+		}
+		cur = c.parents[0]
+	}
+	page, h := paginate(q, cs, true)
+	out := make([]any, 0, len(page))
+	for _, c := range page {
+		out = append(out, s.commitJSON(q.proj, c, false))
+	}
+	return &reply{status: http.StatusOK, body: out, headers: h}, nil
+}
 
 // Pipeline statuses GitLab reports (Ci::Pipeline's state machine).
 const (

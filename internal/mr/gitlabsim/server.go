@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -144,7 +145,7 @@ func (s *Sim) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if f.AfterWork && (f.Drop || f.Status != 0) {
 			rec := httptest.NewRecorder()
-			s.serveAPI(rec, r, rt, pathOK, segs)
+			call.Params = s.serveAPI(rec, r, rt, pathOK, segs)
 			if f.Drop {
 				s.record(call)
 				hijackClose(w)
@@ -157,7 +158,7 @@ func (s *Sim) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	sw := &statusWriter{ResponseWriter: w}
-	s.serveAPI(sw, r, rt, pathOK, segs)
+	call.Params = s.serveAPI(sw, r, rt, pathOK, segs)
 	call.Status = sw.status
 	s.record(call)
 }
@@ -219,25 +220,30 @@ func writeJSON(w http.ResponseWriter, status int, body any, headers http.Header)
 	}
 }
 
-// serveAPI authenticates, parses and runs one API call under the simulator's lock.
-func (s *Sim) serveAPI(w http.ResponseWriter, r *http.Request, rt *route, pathOK bool, segs []string) {
+// serveAPI authenticates, parses and runs one API call under the simulator's lock. It
+// returns the names of the parameters the call carried (sorted), for Call.Params.
+func (s *Sim) serveAPI(w http.ResponseWriter, r *http.Request, rt *route, pathOK bool, segs []string) (names []string) {
 	if !s.authorized(r) {
 		writeJSON(w, http.StatusUnauthorized, map[string]any{"message": "401 Unauthorized"}, nil)
-		return
+		return nil
 	}
 	if rt == nil {
 		if pathOK {
 			writeJSON(w, http.StatusMethodNotAllowed, map[string]any{"error": "405 Not Allowed"}, nil)
-			return
+			return nil
 		}
 		writeJSON(w, http.StatusNotFound, map[string]any{"error": "404 Not Found"}, nil)
-		return
+		return nil
 	}
 	params, perr := parseParams(r)
 	if perr != nil {
 		writeJSON(w, perr.status, perr.body, nil)
-		return
+		return nil
 	}
+	for k := range params {
+		names = append(names, k)
+	}
+	sort.Strings(names)
 	q := &req{r: r, method: r.Method, segs: segs, params: params}
 	s.mu.Lock()
 	if len(segs) >= 2 && segs[0] == "projects" {
@@ -245,16 +251,17 @@ func (s *Sim) serveAPI(w http.ResponseWriter, r *http.Request, rt *route, pathOK
 		if q.proj == nil {
 			s.mu.Unlock()
 			writeJSON(w, http.StatusNotFound, map[string]any{"message": "404 Project Not Found"}, nil)
-			return
+			return names
 		}
 	}
 	rep, aerr := rt.h(s, q)
 	s.mu.Unlock()
 	if aerr != nil {
 		writeJSON(w, aerr.status, aerr.body, nil)
-		return
+		return names
 	}
 	writeJSON(w, rep.status, rep.body, rep.headers)
+	return names
 }
 
 func (s *Sim) authorized(r *http.Request) bool {

@@ -187,8 +187,9 @@ type pipeline struct {
 	finishedAt    *time.Time
 	updatedAt     time.Time
 	jobs          []*job
-	planned       string // outcome decided at creation: success or failed
+	planned       string // outcome decided at creation (or retry): a status
 	plannedReason string
+	retries       int // times its failed jobs were retried (POST …/retry)
 	// child is the downstream pipeline of this pipeline's bridge job (ChildPipelines),
 	// bridgeID that job's id; parent is set on the child (source parent_pipeline).
 	child    *pipeline
@@ -199,6 +200,7 @@ type pipeline struct {
 type job struct {
 	id            int64
 	name, stage   string
+	retried       bool // replaced by a retry: listed only with include_retried
 	status        string
 	failureReason string
 	createdAt     time.Time
@@ -223,7 +225,8 @@ type Call struct {
 	Method string    `json:"method"`
 	Route  string    `json:"route"` // e.g. "POST /projects/:id/repository/commits"
 	Path   string    `json:"path"`
-	Status int       `json:"status"` // 0 when the connection was dropped
+	Status int       `json:"status"`           // 0 when the connection was dropped
+	Params []string  `json:"params,omitempty"` // names of the parameters sent (query and body)
 	At     time.Time `json:"at"`
 	Fault  bool      `json:"fault"`
 }

@@ -285,3 +285,34 @@ func TestControlAPIForStatesAndMethods(t *testing.T) {
 		t.Fatalf("after status manual: %v", m["detailed_merge_status"])
 	}
 }
+
+// Retrying a pipeline's failed jobs runs them again in the same pipeline; the old jobs
+// are listed only with include_retried, and flaky rules count the retry as a run.
+func TestPipelineRetryAndMRCommits(t *testing.T) {
+	sim := gitlabsim.StartTest(t, gitlabsim.Options{Projects: []string{proj},
+		PipelineRules: []gitlabsim.PipelineRule{{RefPrefix: "b1", First: 2, FailureReason: "script_failure"}}})
+	iid, sha := openMR(t, sim, "b1", "a.yaml", "a")
+	m := getMR(t, sim, iid)
+	hp := m["head_pipeline"].(map[string]any)
+	if hp["status"] != "failed" {
+		t.Fatalf("second run of b1 (its commit) should fail: %v", hp["status"])
+	}
+	id := int64(hp["id"].(float64))
+	retried := call(t, sim, "POST", api(fmt.Sprintf("/pipelines/%d/retry", id)), nil)
+	if retried.status != 201 || retried.obj(t)["status"] != "success" || retried.obj(t)["id"] != hp["id"] {
+		t.Fatalf("retry: %d %v", retried.status, retried.body)
+	}
+	if jobs := call(t, sim, "GET", api(fmt.Sprintf("/pipelines/%d/jobs", id)), nil).list(t); len(jobs) != 1 || jobs[0].(map[string]any)["status"] != "success" {
+		t.Fatalf("jobs after retry: %v", jobs)
+	}
+	if jobs := call(t, sim, "GET", api(fmt.Sprintf("/pipelines/%d/jobs?include_retried=true", id)), nil).list(t); len(jobs) != 2 {
+		t.Fatalf("jobs with the retried one: %v", jobs)
+	}
+	if m := getMR(t, sim, iid); m["detailed_merge_status"] != "mergeable" {
+		t.Fatalf("after a passing retry: %v", m["detailed_merge_status"])
+	}
+	commits := call(t, sim, "GET", mrPath(iid)+"/commits", nil).list(t)
+	if len(commits) != 1 || commits[0].(map[string]any)["id"] != sha {
+		t.Fatalf("MR commits: %v", commits)
+	}
+}
