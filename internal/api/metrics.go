@@ -96,8 +96,10 @@ func (s *Server) instrument(route string, h http.Handler) http.Handler {
 			if code == 0 {
 				code = http.StatusOK
 			}
+			d := time.Since(start)
 			s.m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
-			s.m.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
+			s.m.duration.WithLabelValues(route).Observe(d.Seconds())
+			s.logRequest(r, route, code, d, rec.principal)
 		}()
 		h.ServeHTTP(rec, r)
 	})

@@ -56,6 +56,8 @@ type Config struct {
 	IdempotencyTTL time.Duration
 	// MaxBodyBytes bounds request bodies (default 64 KiB).
 	MaxBodyBytes int64
+	// LogRequests logs every request at info (BATCHERD_LOG_REQUESTS); else at debug.
+	LogRequests bool
 }
 
 // Rounds runs a claim round through the same code as the scheduled round.

@@ -28,6 +28,7 @@ func (a *App) handler() (http.Handler, error) {
 		Repos:          a.cfg.Repos,
 		AutoApprove:    a.cfg.AutoApprove,
 		IdempotencyTTL: a.cfg.IdempotencyTTL,
+		LogRequests:    a.cfg.LogRequests,
 	}, api.Deps{
 		Store:       a.st,
 		Log:         a.log.With("component", "api"),

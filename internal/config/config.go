@@ -68,6 +68,8 @@ type Config struct {
 
 	LogFormat string `env:"LOG_FORMAT" desc:"text or json (default: text on a terminal, json otherwise)"`
 	LogLevel  string `env:"LOG_LEVEL, default=info" desc:"debug, info, warn or error"`
+	// LogRequests: request lines are wanted on their own, without every other debug line.
+	LogRequests bool `env:"LOG_REQUESTS, default=false" desc:"log every API request (method, route, status, duration, principal) at info; otherwise at debug only (health, readiness and metrics probes stay at debug)"`
 }
 
 // Load reads the environment (through lookup; nil means the process environment),
