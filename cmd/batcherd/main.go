@@ -23,9 +23,6 @@ import (
 	"github.com/batcherd/batcherd/internal/logging"
 )
 
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
-
 type command struct {
 	name, summary string
 	need          config.Need
@@ -37,7 +34,7 @@ var commands = []command{
 	{"migrate", "apply the embedded schema migrations, then verify the schema", config.Need{DB: true}, app.Migrate},
 	{"check-schema", "verify the live schema has every constraint batcherd relies on (I8)", config.Need{DB: true}, app.CheckSchema},
 	{"verify", "audit a live database read-only for invariant violations", config.Need{DB: true}, app.Verify},
-	{"version", "print the version", config.Need{}, nil},
+	{"version", "print the version and the VCS revision it was built from", config.Need{}, nil},
 	{"help", "list subcommands and every BATCHERD_* variable", config.Need{}, nil},
 }
 
@@ -76,7 +73,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	switch cmd.name {
 	case "version":
-		fmt.Fprintf(stdout, "batcherd %s\n", version)
+		fmt.Fprintln(stdout, currentVersion())
 		return app.ExitOK
 	case "help":
 		usage(stdout)
@@ -99,7 +96,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "batcherd: %v\n", err)
 		return app.ExitUsage
 	}
-	err = cmd.run(ctx, cfg, app.Env{Log: log, Stdout: stdout, Version: version})
+	err = cmd.run(ctx, cfg, app.Env{Log: log, Stdout: stdout, Version: currentVersion().Version})
 	if err == nil {
 		return app.ExitOK
 	}
@@ -118,7 +115,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintf(w, "batcherd %s — one GitLab merge request per round per repository\n\nUsage: batcherd <subcommand>\n\nSubcommands:\n", version)
+	fmt.Fprintf(w, "batcherd %s — one GitLab merge request per round per repository\n\nUsage: batcherd <subcommand>\n\nSubcommands:\n", currentVersion().Version)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	for _, c := range commands {
 		fmt.Fprintf(tw, "  %s\t%s\n", c.name, c.summary)

@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"database/sql"
 	"io/fs"
+	"os"
+	"os/exec"
 	"path"
+	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -258,4 +262,51 @@ func schemaLines(t *testing.T, sub, stderr string) []string {
 		lines = append(lines, l)
 	}
 	return lines
+}
+
+// readBuildVersion reads the version and the VCS stamp the go command writes into a
+// binary; -ldflags -X main.version wins over the module version.
+func TestReadBuildVersion(t *testing.T) {
+	info := &debug.BuildInfo{GoVersion: "go1.26.0", Main: debug.Module{Version: "v0.0.0-20261201120000-abcdef012345+dirty"},
+		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "abcdef0123456789"}, {Key: "vcs.time", Value: "2026-12-01T12:00:00Z"}, {Key: "vcs.modified", Value: "true"}}}
+	b := readBuildVersion(info, "")
+	if got, want := b.String(), "batcherd v0.0.0-20261201120000-abcdef012345+dirty (revision abcdef0123456789 with uncommitted changes, committed 2026-12-01T12:00:00Z; go1.26.0)"; got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	if b := readBuildVersion(info, "v1.2.3"); b.Version != "v1.2.3" || b.Revision != "abcdef0123456789" {
+		t.Errorf("stamped: %+v", b)
+	}
+	if b := readBuildVersion(&debug.BuildInfo{Main: debug.Module{Version: "(devel)"}}, ""); b.Version != "devel" || !strings.Contains(b.String(), "revision unknown") {
+		t.Errorf("no VCS: %s", b)
+	}
+}
+
+// The real binary, built from this checkout, prints the commit it was built from.
+func TestVersionPrintsTheVCSRevision(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The go command stamps a build only where .git is a directory (not in a git
+	// worktree, whose .git is a file) and git answers.
+	if st, err := os.Stat(filepath.Join(root, ".git")); err != nil || !st.IsDir() {
+		t.Skip("not a git checkout the go command stamps (.git is not a directory)")
+	}
+	head, err := exec.Command("git", "-C", root, "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Skipf("git rev-parse HEAD: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "batcherd")
+	build := exec.Command("go", "build", "-buildvcs=true", "-o", bin, "./cmd/batcherd")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "version").Output()
+	if err != nil {
+		t.Fatalf("batcherd version: %v", err)
+	}
+	if want := "revision " + strings.TrimSpace(string(head)); !strings.HasPrefix(string(out), "batcherd ") || !strings.Contains(string(out), want) {
+		t.Fatalf("batcherd version printed %q, want it to name %q", out, want)
+	}
 }

@@ -18,6 +18,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -38,14 +39,26 @@ func env(name, def string) string {
 	return def
 }
 
-func main() {
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "gitlab-sim:", err)
-		os.Exit(1)
+func main() { os.Exit(exitCode(run(os.Args[1:]))) }
+
+// errUsage marks a command line the flag package refused (it has printed why and the
+// usage already).
+var errUsage = errors.New("usage")
+
+// exitCode: 0 for success and for -h (help asked for is not an error), 2 for a bad
+// command line, 1 for any other failure.
+func exitCode(err error) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
 	}
+	fmt.Fprintln(os.Stderr, "gitlab-sim:", err)
+	return 1
 }
 
-func run() error {
+func run(args []string) error {
 	fs := flag.NewFlagSet("gitlab-sim", flag.ContinueOnError)
 	addr := fs.String("addr", env("GITLAB_SIM_ADDR", "127.0.0.1:8929"), "listen address")
 	token := fs.String("token", env("GITLAB_SIM_TOKEN", "sim-token"), "accepted PRIVATE-TOKEN")
@@ -76,8 +89,11 @@ func run() error {
 		return fmt.Errorf("GITLAB_SIM_MERGE_CHECK_READS: %w", err)
 	}
 	checkReads := fs.Int("merge-check-reads", checkReadsDef, "reads of an MR before its asynchronous mergeability check ends (0: at once)")
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		return err
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if *tokenFile != "" {
 		b, err := os.ReadFile(*tokenFile)
