@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/batcherd/batcherd/internal/domain"
 	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/store"
 )
@@ -101,104 +102,172 @@ func (l *publishLoop) retrySoon(ctx context.Context, b store.Batch, cause error,
 	log.Debug("publish will be retried soon", "after", wait)
 }
 
+// The publish steps, in order (each idempotent by the batch's branch, so a publish
+// abandoned after any of them is resumed by the next reservation, never duplicated):
+//
+//  1. find the branch's MR in any state (FindMR);
+//  2. when there is none, or it is still open: read the members and write branch and
+//     commit (writeBatch) — a commit that changes nothing settles the batch unchanged
+//     instead (settleUnchangedBatch); otherwise renew the reservation and ensure the MR
+//     (openMR);
+//  3. record the MR, guarded (fencing: before any merge is armed);
+//  4. arm auto-merge when the MR is open and the merge mode is auto;
+//  5. mark the batch due, so reconcile looks at it soon.
+//
+// The choices between them are plain functions of what GitLab answered (publishPlan,
+// below), tested without GitLab.
+
+// publishPlan is what a publish does after step 1, decided from plain values.
+type publishPlan struct {
+	// write: the branch has no MR yet, or an open one — (re)write branch, commit and
+	// MR. A merged or closed MR found here (a crash after EnsureMR, then a human acted)
+	// is recorded as is, and reconcile settles it; never open a second MR for a branch.
+	write bool
+}
+
+func planPublish(found bool, state string) publishPlan {
+	return publishPlan{write: !found || state == mr.StateOpened}
+}
+
+// unchangedCommit: the batch's commit changes nothing (every member is a revoke of a
+// file already gone) and no MR exists: the batch settles succeeded as it stands.
+func unchangedCommit(commitEmpty, found bool) bool { return commitEmpty && !found }
+
+// armsAutoMerge: step 4 runs for an open MR in auto mode.
+func armsAutoMerge(state string, mode MergeMode) bool {
+	return state == mr.StateOpened && mode == MergeAuto
+}
+
 // publish runs the publish steps for the reserved batch *bp, and leaves in *bp the
 // batch as this publisher last reserved it (the reservation is renewed before the MR
 // is opened), so the caller's retrySoon writes against the current version.
 func (l *publishLoop) publish(ctx context.Context, bp *store.Batch, log *slog.Logger) error {
 	b := *bp
-	branch := store.BranchName(b.ID)
-	// The batch's MR is the branch's MR in any state: a merged or closed one found here
-	// (a crash after EnsureMR, then a human acted) is recorded as is, and reconcile
-	// settles it; never open a second MR for a branch.
+	branch := domain.BranchName(b.ID)
 	m, found, err := l.s.gl.FindMR(ctx, b.Repo, branch)
 	if err != nil {
 		return err
 	}
 	l.s.step(ctx, "publish.found", b.ID)
 	sha := m.SHA
-	if !found || m.State == mr.StateOpened {
-		members, err := l.s.st.BatchMembers(ctx, b.ID)
-		if err != nil {
+	if planPublish(found, m.State).write {
+		w, err := l.writeBatch(ctx, b, branch, log)
+		if err != nil || w.done {
 			return err
 		}
-		if len(members) == 0 {
-			// Cannot happen through BatchClaim; fail loudly rather than open an empty MR.
-			_, err := l.s.settleFailure(ctx, b, failure{ClassEmpty, "the batch has no members"}, log)
+		sha = w.sha
+		if unchangedCommit(w.empty, found) {
+			return l.settleUnchangedBatch(ctx, b, branch, log)
+		}
+		rb, nm, err := l.openMR(ctx, b, branch, w, log)
+		*bp = rb // renewed, or b when the renewal did not happen
+		if err != nil || nm == nil {
 			return err
 		}
-		files, err := fileActions(members)
-		if err != nil {
-			return err
-		}
-		why, err := l.s.st.BatchMemberReasons(ctx, b.ID)
-		if err != nil {
-			return err
-		}
-		if err := l.s.gl.EnsureBranch(ctx, b.Repo, branch, l.cfg.target); err != nil {
-			return err
-		}
-		l.s.step(ctx, "publish.branch", b.ID)
-		// CommitFiles is idempotent by the Batcherd-Batch trailer: resumed after a lost
-		// answer it returns the earlier commit's sha.
-		commit, err := l.s.gl.CommitFiles(ctx, b.Repo, branch, b.ID, commitMessage(b, members), files)
-		if err != nil {
-			return err
-		}
-		sha = commit.SHA
-		l.s.step(ctx, "publish.commit", b.ID)
-		if commit.Empty && !found {
-			// Nothing to change: every member is a revoke whose file is already gone
-			// (a human deleted it). The repository already says what the batch would
-			// make it say, and an MR without commits is one GitLab never merges (it
-			// reads as a conflict): the batch has succeeded as it stands.
-			l.s.m.outcomes.WithLabelValues("publish", "nothing_to_change").Inc()
-			if _, err := l.s.settleUnchanged(ctx, b, log); err != nil {
-				return err
-			}
-			// The branch carries nothing; leave no stray branch behind. Best effort: a
-			// branch left over (an error here, a crash before) harms nothing.
-			if err := l.s.gl.DeleteBranch(ctx, b.Repo, branch); err != nil && !isCanceled(err) {
-				log.Info("deleting the unneeded batch branch failed; it can be deleted by hand", "branch", branch, "err", err)
-			}
-			return nil
-		}
-		// Renew the reservation right before the MR exists, with a write guarded on the
-		// version reserved. The branch and commit may have taken long (retries, a slow
-		// GitLab, a frozen process); if the batch moved on meanwhile — the timeout sweep
-		// failed it once the reservation lapsed, and its members may be waiting for
-		// another round — no MR must be opened for it: an MR of a failed batch that a
-		// human merges puts its files on the target branch after all. The renewal leaves
-		// only the EnsureMR call itself inside a fresh lease; the orphan sweep closes
-		// what a publisher frozen even there still opens.
-		rb, err := l.s.st.BatchReserve(ctx, b.ID, b.Version, l.cfg.lease)
-		if isLost(err) {
-			l.s.m.outcomes.WithLabelValues("publish", "lost_race").Inc()
-			log.Info("the batch moved on while it was being published; not opening its MR")
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		b, *bp = rb, rb
-		l.s.step(ctx, "publish.renewed", b.ID)
-		m, err = l.s.gl.EnsureMR(ctx, b.Repo, mr.MRSpec{
-			SourceBranch: branch,
-			TargetBranch: l.cfg.target,
-			Title:        mrTitle(b, members),
-			Description:  mrDescription(b, members, why),
-			Labels:       []string{mr.Label},
-		})
-		if err != nil {
-			return err
-		}
-		l.s.step(ctx, "publish.mr", b.ID)
+		b, m = rb, *nm
 	}
 	if sha == "" {
 		sha = m.SHA
 	}
+	return l.recordAndArm(ctx, b, m, sha, log)
+}
 
-	// Fencing: record the MR with a write guarded on the version we reserved, BEFORE
-	// any merge is armed. If it loses, the batch moved on without us.
+// written is what writeBatch did: the members and their reasons (for the MR), and the
+// commit's sha and whether it changed nothing. done: the batch was settled instead.
+type written struct {
+	members []store.Operation
+	why     map[string]string
+	sha     string
+	empty   bool
+	done    bool
+}
+
+// writeBatch is step 2's write: the members' file actions on the batch branch in one
+// commit. CommitFiles is idempotent by the Batcherd-Batch trailer: resumed after a lost
+// answer it returns the earlier commit's sha.
+func (l *publishLoop) writeBatch(ctx context.Context, b store.Batch, branch string, log *slog.Logger) (written, error) {
+	members, err := l.s.st.BatchMembers(ctx, b.ID)
+	if err != nil {
+		return written{}, err
+	}
+	if len(members) == 0 {
+		// Cannot happen through BatchClaim; fail loudly rather than open an empty MR.
+		_, err := l.s.settleFailure(ctx, b, failure{ClassEmpty, "the batch has no members"}, log)
+		return written{done: true}, err
+	}
+	files, err := fileActions(members)
+	if err != nil {
+		return written{}, err
+	}
+	why, err := l.s.st.BatchMemberReasons(ctx, b.ID)
+	if err != nil {
+		return written{}, err
+	}
+	if err := l.s.gl.EnsureBranch(ctx, b.Repo, branch, l.cfg.target); err != nil {
+		return written{}, err
+	}
+	l.s.step(ctx, "publish.branch", b.ID)
+	commit, err := l.s.gl.CommitFiles(ctx, b.Repo, branch, b.ID, commitMessage(b, members), files)
+	if err != nil {
+		return written{}, err
+	}
+	l.s.step(ctx, "publish.commit", b.ID)
+	return written{members: members, why: why, sha: commit.SHA, empty: commit.Empty}, nil
+}
+
+// settleUnchangedBatch: nothing to change. The repository already says what the batch
+// would make it say, and an MR without commits is one GitLab never merges (it reads as
+// a conflict): the batch has succeeded as it stands.
+func (l *publishLoop) settleUnchangedBatch(ctx context.Context, b store.Batch, branch string, log *slog.Logger) error {
+	l.s.m.outcomes.WithLabelValues("publish", "nothing_to_change").Inc()
+	if _, err := l.s.settleUnchanged(ctx, b, log); err != nil {
+		return err
+	}
+	// The branch carries nothing; leave no stray branch behind. Best effort: a branch
+	// left over (an error here, a crash before) harms nothing.
+	if err := l.s.gl.DeleteBranch(ctx, b.Repo, branch); err != nil && !isCanceled(err) {
+		log.Info("deleting the unneeded batch branch failed; it can be deleted by hand", "branch", branch, "err", err)
+	}
+	return nil
+}
+
+// openMR renews the reservation right before the MR exists, with a write guarded on
+// the version reserved, then ensures the MR. The branch and commit may have taken long
+// (retries, a slow GitLab, a frozen process); if the batch moved on meanwhile — the
+// timeout sweep failed it once the reservation lapsed, and its members may be waiting
+// for another round — no MR must be opened for it (nil MR, nil error): an MR of a
+// failed batch that a human merges puts its files on the target branch after all. The
+// renewal leaves only the EnsureMR call itself inside a fresh lease; the orphan sweep
+// closes what a publisher frozen even there still opens.
+func (l *publishLoop) openMR(ctx context.Context, b store.Batch, branch string, w written, log *slog.Logger) (store.Batch, *mr.MergeRequest, error) {
+	rb, err := l.s.st.BatchReserve(ctx, b.ID, b.Version, l.cfg.lease)
+	if isLost(err) {
+		l.s.m.outcomes.WithLabelValues("publish", "lost_race").Inc()
+		log.Info("the batch moved on while it was being published; not opening its MR")
+		return b, nil, nil
+	}
+	if err != nil {
+		return b, nil, err
+	}
+	l.s.step(ctx, "publish.renewed", b.ID)
+	m, err := l.s.gl.EnsureMR(ctx, rb.Repo, mr.MRSpec{
+		SourceBranch: branch,
+		TargetBranch: l.cfg.target,
+		Title:        mrTitle(rb, w.members),
+		Description:  mrDescription(rb, w.members, w.why),
+		Labels:       []string{mr.Label},
+	})
+	if err != nil {
+		return rb, nil, err
+	}
+	l.s.step(ctx, "publish.mr", rb.ID)
+	return rb, &m, nil
+}
+
+// recordAndArm is steps 3–5. Fencing: the MR is recorded with a write guarded on the
+// version we reserved, BEFORE any merge is armed; if it loses, the batch moved on
+// without us (lostRecord).
+func (l *publishLoop) recordAndArm(ctx context.Context, b store.Batch, m mr.MergeRequest, sha string, log *slog.Logger) error {
 	rb, err := l.s.st.BatchRecordMR(ctx, b.ID, b.Version, store.MRRecord{IID: m.IID, URL: m.WebURL, SHA: sha})
 	if isLost(err) {
 		return l.lostRecord(ctx, b, m, log)
@@ -211,7 +280,7 @@ func (l *publishLoop) publish(ctx context.Context, bp *store.Batch, log *slog.Lo
 	log.Info("published batch", "mr_url", m.WebURL, "sha", sha, "mr_state", m.State)
 	l.s.step(ctx, "publish.recorded", b.ID)
 
-	if m.State == mr.StateOpened && l.cfg.mode == MergeAuto {
+	if armsAutoMerge(m.State, l.cfg.mode) {
 		// sha-guarded: GitLab refuses if the branch head is not what we committed. A
 		// failure here is retried by reconcile, which re-arms any opened MR that is not
 		// armed.
@@ -318,7 +387,8 @@ func commitMessage(b store.Batch, members []store.Operation) string {
 	return fmt.Sprintf("batcherd: batch %d (%d operations)", b.ID, len(members))
 }
 
-// mrDescription lists the batch id and every operation id (DESIGN §5, contract), with
+// mrDescription lists the batch id and every operation id (a contract: README, "Files
+// written to the repository"), with
 // why the round exists and why each member is in it (first try, retry, half k of a
 // bisection at depth d).
 func mrDescription(b store.Batch, members []store.Operation, why map[string]string) string {

@@ -27,98 +27,160 @@ var errStillOpen = mr.ErrStillOpen
 
 // settleFailure settles an active batch b (whose version the caller just read or
 // reserved) as failed with the classified failure f, and applies the failure policy to
-// its members. Order matters (DESIGN §4, fencing):
+// its members. Order matters (fencing, docs/ARCHITECTURE.md):
 //
 //  1. find the MR by the recorded iid, or by the deterministic branch when none is
-//     recorded yet — a publish in flight may have opened it;
-//  2. if it is open, record the failure class on the batch (guarded), then close it:
-//     a closed MR on a batch without a recorded class was closed by a human, one with
-//     it by a batcherd settle that did not finish, resumed with the same class;
-//     if it was already closed and no class was recorded, a human closed it first;
+//     recorded yet — a publish in flight may have opened it (findBatchMR);
+//  2. if it is open, record the failure class on the batch (guarded), then close it
+//     (closeForFailure): a closed MR on a batch without a recorded class was closed by
+//     a human, one with it by a batcherd settle that did not finish, resumed with the
+//     same class; if it was already closed and no class was recorded, a human closed
+//     it first;
 //  3. read it again: merged wins (it merged between our read and our close) → settle
-//     success;
+//     success (mergedWhileFailing);
 //  4. otherwise plan each member's fate (retry, bisect, fail with a reason) from the
 //     batch's waiting rows and apply it in one store transaction, batch guard first,
-//     so a second settler fails at its first statement and changes nothing.
+//     so a second settler fails at its first statement and changes nothing
+//     (applyFailure).
 //
-// GitLab trouble at steps 1–3 aborts the settle (the batch stays active and is retried):
-// failing a batch whose MR may still merge is what fencing forbids.
+// The choices between the steps are plain functions of the MR's state (settleBefore,
+// settleAfter, closedByHuman), tested without GitLab. GitLab trouble at steps 1–3
+// aborts the settle (the batch stays active and is retried): failing a batch whose MR
+// may still merge is what fencing forbids.
 func (s *Scanner) settleFailure(ctx context.Context, b store.Batch, f failure, log *slog.Logger) (store.Batch, error) {
-	var (
-		m     mr.MergeRequest
-		found bool
-		err   error
-	)
-	if b.MRIID != nil {
-		m, err = s.gl.GetMR(ctx, b.Repo, *b.MRIID)
-		switch {
-		case err == nil:
-			found = true
-		case mr.ClassOf(err) != mr.ClassNotFound:
-			return b, err
-		}
-	}
-	if !found {
-		m, found, err = s.gl.FindMR(ctx, b.Repo, store.BranchName(b.ID))
-		if err != nil {
-			return b, err
-		}
+	m, found, err := s.findBatchMR(ctx, b)
+	if err != nil {
+		return b, err
 	}
 	s.step(ctx, "settle.found", b.ID)
-	if found {
-		switch m.State {
-		case mr.StateLocked:
-			// GitLab is merging it right now: the outcome is about to be known, and
-			// failing the batch first could put it behind a merge. Retry later.
-			return b, fmt.Errorf("settle batch %d: MR !%d is locked (merging): %w", b.ID, m.IID, errStillOpen)
-		case mr.StateClosed:
-			if b.FailClass == "" && retriable(f.class) && f.class != ClassClosedByUser {
-				// Closed before batcherd ever decided to close it: a human did.
-				f = failure{ClassClosedByUser, fmt.Sprintf("merge request !%d was closed without merging (not by batcherd) while the batch was being failed for %s: %s", m.IID, f.class, f.msg)}
-			}
-		case mr.StateOpened:
-			if b.FailClass != f.class {
-				// The class goes on record before the close (guarded; bumps version).
-				nb, err := s.st.BatchMarkFailing(ctx, b.ID, b.Version, f.class)
-				if err != nil {
-					return b, err
-				}
-				b = nb
-				s.step(ctx, "settle.marked", b.ID)
-			}
-			if _, err := s.gl.CloseMR(ctx, b.Repo, m.IID); err != nil {
-				return b, err
-			}
-			s.step(ctx, "settle.closed", b.ID)
+	next := settleBefore(found, m.State)
+	switch next {
+	case settleLater:
+		// GitLab is merging it right now: the outcome is about to be known, and
+		// failing the batch first could put it behind a merge. Retry later.
+		return b, fmt.Errorf("settle batch %d: MR !%d is locked (merging): %w", b.ID, m.IID, errStillOpen)
+	case settleClose:
+		if b, err = s.closeForFailure(ctx, b, f, m); err != nil {
+			return b, err
 		}
+	case settleReread:
+		if m.State == mr.StateClosed && closedByHuman(b.FailClass, f) {
+			f = failure{ClassClosedByUser, fmt.Sprintf("merge request !%d was closed without merging (not by batcherd) while the batch was being failed for %s: %s", m.IID, f.class, f.msg)}
+		}
+	}
+	if next != settleApply {
 		// Re-read after closing, never trust the close's answer alone: merged wins.
 		m, err = s.gl.GetMR(ctx, b.Repo, m.IID)
 		if err != nil {
 			return b, err
 		}
 		s.step(ctx, "settle.reread", b.ID)
-		switch m.State {
-		case mr.StateMerged:
-			log.Info("merge request merged while being failed: merged wins", "mr_iid", m.IID, "class", f.class)
-			if b.MRIID == nil {
-				// Found by its branch, never recorded (its publisher died or lost the
-				// answer before recording it). Record it first, guarded like any publish,
-				// so that a SUCCEEDED batch always names the MR that merged it. Found by
-				// the chaos run (verify: "SUCCEEDED batch has no MR recorded"). A crash
-				// between the two writes leaves a RUNNING batch with a merged MR, which
-				// reconcile settles.
-				nb, err := s.st.BatchRecordMR(ctx, b.ID, b.Version, store.MRRecord{IID: m.IID, URL: m.WebURL, SHA: m.SHA})
-				if err != nil {
-					return b, err
-				}
-				b = nb
-			}
-			return s.settleSucceeded(ctx, b, log)
-		case mr.StateClosed:
-		default:
+		switch settleAfter(m.State) {
+		case settleMergedWins:
+			return s.mergedWhileFailing(ctx, b, m, f, log)
+		case settleLater:
 			return b, fmt.Errorf("settle batch %d: MR !%d is %s: %w", b.ID, m.IID, m.State, errStillOpen)
 		}
 	}
+	return s.applyFailure(ctx, b, f, log)
+}
+
+// settleStep is the next step of a failure settlement.
+type settleStep int
+
+const (
+	settleApply      settleStep = iota // no MR, or its close stands: apply the failure policy
+	settleClose                        // the MR is open: record the class, close it, read it again
+	settleReread                       // the MR is closed (or merged) already: read it again
+	settleMergedWins                   // the MR merged: settle success instead
+	settleLater                        // locked (merging), or still open after closing: retry later
+)
+
+// settleBefore decides from the MR as first found (found false: the batch has no MR).
+func settleBefore(found bool, state string) settleStep {
+	switch {
+	case !found:
+		return settleApply
+	case state == mr.StateLocked:
+		return settleLater
+	case state == mr.StateOpened:
+		return settleClose
+	}
+	return settleReread
+}
+
+// settleAfter decides from the MR as read again after the close.
+func settleAfter(state string) settleStep {
+	switch state {
+	case mr.StateMerged:
+		return settleMergedWins
+	case mr.StateClosed:
+		return settleApply
+	}
+	return settleLater
+}
+
+// closedByHuman: an MR found closed on a batch with no failure class on record was
+// closed before batcherd ever decided to close it — by a human. The failure becomes
+// closed_by_user, unless its class is final or already that.
+func closedByHuman(recorded domain.FailureClass, f failure) bool {
+	return recorded == "" && retriable(f.class) && f.class != ClassClosedByUser
+}
+
+// findBatchMR is settle step 1.
+func (s *Scanner) findBatchMR(ctx context.Context, b store.Batch) (mr.MergeRequest, bool, error) {
+	if b.MRIID != nil {
+		m, err := s.gl.GetMR(ctx, b.Repo, *b.MRIID)
+		switch {
+		case err == nil:
+			return m, true, nil
+		case mr.ClassOf(err) != mr.ClassNotFound:
+			return m, false, err
+		}
+	}
+	return s.gl.FindMR(ctx, b.Repo, domain.BranchName(b.ID))
+}
+
+// closeForFailure is settle step 2 for an open MR: the class goes on record before
+// the close (guarded; bumps version), so a settle interrupted after the close is
+// resumed with it rather than read as a human's close.
+func (s *Scanner) closeForFailure(ctx context.Context, b store.Batch, f failure, m mr.MergeRequest) (store.Batch, error) {
+	if b.FailClass != f.class {
+		nb, err := s.st.BatchMarkFailing(ctx, b.ID, b.Version, f.class)
+		if err != nil {
+			return b, err
+		}
+		b = nb
+		s.step(ctx, "settle.marked", b.ID)
+	}
+	if _, err := s.gl.CloseMR(ctx, b.Repo, m.IID); err != nil {
+		return b, err
+	}
+	s.step(ctx, "settle.closed", b.ID)
+	return b, nil
+}
+
+// mergedWhileFailing is settle step 3's "merged wins".
+func (s *Scanner) mergedWhileFailing(ctx context.Context, b store.Batch, m mr.MergeRequest, f failure, log *slog.Logger) (store.Batch, error) {
+	log.Info("merge request merged while being failed: merged wins", "mr_iid", m.IID, "class", f.class)
+	if b.MRIID == nil {
+		// Found by its branch, never recorded (its publisher died or lost the answer
+		// before recording it). Record it first, guarded like any publish, so that a
+		// SUCCEEDED batch always names the MR that merged it. Found by the chaos run
+		// (verify: "SUCCEEDED batch has no MR recorded"). A crash between the two
+		// writes leaves a RUNNING batch with a merged MR, which reconcile settles.
+		nb, err := s.st.BatchRecordMR(ctx, b.ID, b.Version, store.MRRecord{IID: m.IID, URL: m.WebURL, SHA: m.SHA})
+		if err != nil {
+			return b, err
+		}
+		b = nb
+	}
+	return s.settleSucceeded(ctx, b, log)
+}
+
+// applyFailure is settle step 4: the members' fates planned by the failure policy and
+// applied in one store transaction, then metrics, the log line and the follow-up claim.
+func (s *Scanner) applyFailure(ctx context.Context, b store.Batch, f failure, log *slog.Logger) (store.Batch, error) {
 	members, err := s.st.BatchWaitingMembers(ctx, b.ID)
 	if err != nil {
 		return b, err
@@ -129,6 +191,20 @@ func (s *Scanner) settleFailure(ctx context.Context, b store.Batch, f failure, l
 		return b, err
 	}
 	s.step(ctx, "settle.settled", b.ID)
+	s.observeFailure(b, nb, f, out)
+	log.Info("batch failed", "class", f.class, "message", f.msg, "operations", nb.Size,
+		"action", out.action, "retried", out.retried, "culprits", out.culprits, "max_attempts", out.maxed,
+		"depth", b.Depth, "kind", b.Kind)
+	// Whatever this settle did, a bisection half or a retry group may be waiting — its
+	// own (retry, bisect) or an earlier one's (this batch was half 1 and its culprit is
+	// now found, so half 2 is next): claim it now, not at the next scheduled round.
+	// The follow-up claim takes only such groups, never the ordinary queue.
+	s.followUp(ctx, b.Repo)
+	return nb, nil
+}
+
+// observeFailure counts a failure settlement in the metrics.
+func (s *Scanner) observeFailure(b, nb store.Batch, f failure, out planOutcome) {
 	s.m.settles.WithLabelValues("failed", string(f.class)).Inc()
 	s.observeBatch(nb, "failed")
 	switch out.action {
@@ -143,15 +219,6 @@ func (s *Scanner) settleFailure(ctx context.Context, b store.Batch, f failure, l
 	if out.maxed > 0 {
 		s.m.maxAttempts.WithLabelValues(b.Repo).Add(float64(out.maxed))
 	}
-	log.Info("batch failed", "class", f.class, "message", f.msg, "operations", nb.Size,
-		"action", out.action, "retried", out.retried, "culprits", out.culprits, "max_attempts", out.maxed,
-		"depth", b.Depth, "kind", b.Kind)
-	// Whatever this settle did, a bisection half or a retry group may be waiting — its
-	// own (retry, bisect) or an earlier one's (this batch was half 1 and its culprit is
-	// now found, so half 2 is next): claim it now, not at the next scheduled round.
-	// The follow-up claim takes only such groups, never the ordinary queue.
-	s.followUp(ctx, b.Repo)
-	return nb, nil
 }
 
 // settleSucceeded settles an active batch as merged, guarded on the version read.
