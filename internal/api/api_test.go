@@ -189,7 +189,7 @@ func (e *env) exec(q string, args ...any) {
 	}
 }
 
-var operationKeys = []string{"id", "subject", "target", "repo", "action", "status", "batch_id", "mr_url", "error", "expires_at", "created_at", "updated_at"}
+var operationKeys = []string{"id", "subject", "target", "repo", "action", "status", "batch_id", "mr_url", "error", "expires_at", "requested_by", "approved_by", "created_at", "updated_at"}
 
 func checkOperationShape(t *testing.T, o map[string]any) {
 	t.Helper()
@@ -247,7 +247,7 @@ func TestOperationLifecycle(t *testing.T) {
 
 	// No body is needed, and one sent — of any type, here an approval tool's form
 	// comment — is ignored.
-	a := e.do(req{method: "POST", path: "/v1/operations/" + id + "/approve", token: apiToken,
+	a := e.do(req{method: "POST", path: "/v1/operations/" + id + "/approve", token: adminToken,
 		body: "comment=looks+good", contentType: "application/x-www-form-urlencoded"})
 	if a.status != 200 || a.op()["status"] != "queued" {
 		t.Fatalf("approve: %d %s", a.status, a.raw)
@@ -257,7 +257,7 @@ func TestOperationLifecycle(t *testing.T) {
 		t.Fatalf("get by upper-case id: %d %s", g.status, g.raw)
 	}
 	// Idempotent: the same decision again is 200 and changes nothing.
-	a2 := e.post("/v1/operations/"+id+"/approve", apiToken)
+	a2 := e.post("/v1/operations/"+id+"/approve", adminToken)
 	if a2.status != 200 || a2.op()["updated_at"] != a.op()["updated_at"] {
 		t.Fatalf("repeat approve: %d %s", a2.status, a2.raw)
 	}
@@ -315,7 +315,7 @@ func TestStaleApprovalAfterReapplication(t *testing.T) {
 		t.Fatalf("reject A: %d %s", r.status, r.raw)
 	}
 	b := e.mustCreate("carol", "t", "grant") // re-application resets the binding in place
-	r := e.post("/v1/operations/"+a+"/approve", apiToken)
+	r := e.post("/v1/operations/"+a+"/approve", adminToken)
 	if r.status != 409 || r.errCode() != "stale" {
 		t.Fatalf("late approval of A: %d %s", r.status, r.raw)
 	}
@@ -323,7 +323,7 @@ func TestStaleApprovalAfterReapplication(t *testing.T) {
 	if err := e.st.DB().Get(&waiting, `SELECT COUNT(*) FROM merge_batch_request`); err != nil || waiting != 0 {
 		t.Fatalf("stale approval admitted something: %d %v", waiting, err)
 	}
-	if r := e.post("/v1/operations/"+b+"/approve", apiToken); r.status != 200 || r.op()["status"] != "queued" {
+	if r := e.post("/v1/operations/"+b+"/approve", adminToken); r.status != 200 || r.op()["status"] != "queued" {
 		t.Fatalf("approve B: %d %s", r.status, r.raw)
 	}
 }

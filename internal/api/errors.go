@@ -26,6 +26,7 @@ const (
 	codeBindingActive        = "binding_active"
 	codeBindingNotActive     = "binding_not_active"
 	codeStale                = "stale"
+	codeSelfApproval         = "self_approval"
 	codeConflict             = "conflict"
 	codeIdempotencyReused    = "idempotency_key_reused"
 	codeInternal             = "internal"
@@ -82,6 +83,9 @@ func (s *Server) toAPIError(err error) *apiError {
 	case errors.Is(err, store.ErrBindingBusy):
 		return wrap(http.StatusConflict, codeBindingBusy,
 			"the binding has an application in flight or awaits recovery: "+err.Error())
+	case errors.Is(err, store.ErrSelfApproval):
+		return wrap(http.StatusForbidden, codeSelfApproval,
+			"four eyes: the principal that requested an operation cannot approve it; another principal must (nothing was changed)")
 	case errors.Is(err, store.ErrStale):
 		return wrap(http.StatusConflict, codeStale, err.Error())
 	case errors.Is(err, store.ErrExpiresInPast):

@@ -41,6 +41,9 @@ func (s *Server) handleCreateOperation(w http.ResponseWriter, r *http.Request) e
 	if err != nil {
 		return err
 	}
+	// The requester is recorded, and scopes the idempotency key: two principals may use
+	// the same key without seeing each other's operations.
+	p.RequestedBy = principal(r).Name
 	if idemKey != "" {
 		p.IdempotencyKey = idemKey
 		p.Fingerprint = fingerprint(p)
@@ -132,16 +135,24 @@ func (s *Server) handleGetOperation(w http.ResponseWriter, r *http.Request) erro
 	return nil
 }
 
+// handleApprove approves as the calling principal; four eyes (unless
+// AllowSelfApproval) refuses the requester with 403 self_approval, changing nothing.
 func (s *Server) handleApprove(w http.ResponseWriter, r *http.Request) error {
-	return s.decide(w, r, s.st.OperationApprove)
+	return s.decide(w, r, func(ctx context.Context, id string) (store.Operation, error) {
+		return s.st.OperationApproveBy(ctx, id, principal(r).Name, !s.cfg.AllowSelfApproval)
+	})
 }
 
 func (s *Server) handleReject(w http.ResponseWriter, r *http.Request) error {
-	return s.decide(w, r, s.st.OperationReject)
+	return s.decide(w, r, func(ctx context.Context, id string) (store.Operation, error) {
+		return s.st.OperationRejectBy(ctx, id, principal(r).Name)
+	})
 }
 
 func (s *Server) handleRetry(w http.ResponseWriter, r *http.Request) error {
-	return s.decide(w, r, s.st.OperationRetry)
+	return s.decide(w, r, func(ctx context.Context, id string) (store.Operation, error) {
+		return s.st.OperationRetryBy(ctx, id, principal(r).Name)
+	})
 }
 
 // decide runs approve, reject or retry. They take no body; one sent is read (bounded)

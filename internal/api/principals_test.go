@@ -2,8 +2,10 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -143,5 +145,250 @@ func TestPrincipalOIDCIssuerDownAtStartHTTP(t *testing.T) {
 	time.Sleep(5 * time.Millisecond)
 	if r := e.do(req{method: "GET", path: "/v1/bindings", token: tok}); r.status != 200 {
 		t.Fatalf("issuer back: %d %s", r.status, r.raw)
+	}
+}
+
+// createAs applies for a grant as the principal of token (with an Idempotency-Key
+// when key is not empty).
+func (e *env) createAs(token, subject, target, key string) resp {
+	e.t.Helper()
+	r := req{method: "POST", path: "/v1/operations", token: token,
+		body: `{"subject":"` + subject + `","target":"` + target + `","action":"grant"}`}
+	if key != "" {
+		r.header = map[string]string{"Idempotency-Key": key}
+	}
+	return e.do(r)
+}
+
+// eventActors returns the operation's events as "code:actor" ("-" for no actor).
+func (e *env) eventActors(id string) []string {
+	e.t.Helper()
+	r := e.do(req{method: "GET", path: "/v1/operations/" + id + "/events", token: opsToken})
+	if r.status != 200 {
+		e.t.Fatalf("events: %d %s", r.status, r.raw)
+	}
+	var out []string
+	for _, x := range r.json["events"].([]any) {
+		ev := x.(map[string]any)
+		actor, ok := ev["actor"].(string)
+		if !ok {
+			actor = "-"
+		}
+		out = append(out, ev["code"].(string)+":"+actor)
+	}
+	return out
+}
+
+func TestFourEyesHTTP(t *testing.T) {
+	iss := authtest.NewIssuer(t, "app-1")
+	e := principalEnv(t, iss, nil)
+
+	c := e.createAs(aliceToken, "u1", "db/prod", "")
+	if c.status != 201 || c.op()["requested_by"] != "alice" || c.op()["approved_by"] != nil {
+		t.Fatalf("create: %d %s", c.status, c.raw)
+	}
+	id := c.op()["id"].(string)
+
+	// The requester approving its own operation: 403 self_approval, nothing changed.
+	self := e.post("/v1/operations/"+id+"/approve", aliceToken)
+	if self.status != 403 || self.errCode() != "self_approval" {
+		t.Fatalf("self-approval: %d %s", self.status, self.raw)
+	}
+	g := e.do(req{method: "GET", path: "/v1/operations/" + id, token: aliceToken})
+	if g.op()["status"] != "pending_approval" || g.op()["approved_by"] != nil || g.op()["updated_at"] != c.op()["updated_at"] {
+		t.Fatalf("after a refused self-approval: %s", g.raw)
+	}
+	var waiting int
+	if err := e.st.DB().Get(&waiting, `SELECT COUNT(*) FROM merge_batch_request WHERE operation_id = ?`, id); err != nil || waiting != 0 {
+		t.Fatalf("a refused self-approval admitted the operation: %d %v", waiting, err)
+	}
+	if got := strings.Join(e.eventActors(id), ","); got != "created:alice" {
+		t.Fatalf("events after a refused self-approval: %s", got)
+	}
+
+	// Another principal approves: recorded.
+	a := e.post("/v1/operations/"+id+"/approve", bobToken)
+	if a.status != 200 || a.op()["status"] != "queued" || a.op()["approved_by"] != "bob" || a.op()["requested_by"] != "alice" {
+		t.Fatalf("approve by bob: %d %s", a.status, a.raw)
+	}
+	// A repeat by the requester of an approved operation changes nothing either way.
+	if r := e.post("/v1/operations/"+id+"/approve", aliceToken); r.status != 200 || r.op()["approved_by"] != "bob" {
+		t.Fatalf("repeat by the requester: %d %s", r.status, r.raw)
+	}
+	if got := strings.Join(e.eventActors(id), ","); got != "created:alice,approved:bob,admitted:bob" {
+		t.Fatalf("events: %s", got)
+	}
+
+	// An admin is held to four eyes too, and so is an OIDC principal.
+	id2 := e.createAs(opsToken, "u2", "db/prod", "").op()["id"].(string)
+	if r := e.post("/v1/operations/"+id2+"/approve", opsToken); r.status != 403 || r.errCode() != "self_approval" {
+		t.Fatalf("admin self-approval: %d %s", r.status, r.raw)
+	}
+	carol := iss.Token(iss.Claims("carol"))
+	c3 := e.createAs(carol, "u3", "db/prod", "")
+	if c3.status != 201 || c3.op()["requested_by"] != "carol" {
+		t.Fatalf("create as carol: %d %s", c3.status, c3.raw)
+	}
+	id3 := c3.op()["id"].(string)
+	if r := e.post("/v1/operations/"+id3+"/approve", carol); r.status != 403 || r.errCode() != "self_approval" {
+		t.Fatalf("OIDC self-approval: %d %s", r.status, r.raw)
+	}
+	if r := e.post("/v1/operations/"+id3+"/approve", iss.Token(iss.Claims("dave"))); r.status != 200 || r.op()["approved_by"] != "dave" {
+		t.Fatalf("approve by dave (OIDC): %d %s", r.status, r.raw)
+	}
+
+	// The requester may take back (reject) its own operation: recorded.
+	id4 := e.createAs(aliceToken, "u4", "db/prod", "").op()["id"].(string)
+	if r := e.post("/v1/operations/"+id4+"/reject", aliceToken); r.status != 200 || r.op()["status"] != "rejected" {
+		t.Fatalf("reject by the requester: %d %s", r.status, r.raw)
+	}
+	if got := strings.Join(e.eventActors(id4), ","); got != "created:alice,rejected:alice" {
+		t.Fatalf("events of the rejected one: %s", got)
+	}
+	var rejectedBy string
+	if err := e.st.DB().Get(&rejectedBy, `SELECT rejected_by FROM operation WHERE operation_id = ?`, id4); err != nil || rejectedBy != "alice" {
+		t.Fatalf("rejected_by = %q, %v", rejectedBy, err)
+	}
+
+	// Retry is recorded with its principal.
+	e.exec(`DELETE FROM merge_batch_request WHERE operation_id = ?`, id)
+	e.exec(`UPDATE operation SET status = 'failed', version = version + 1 WHERE operation_id = ?`, id)
+	e.exec(`UPDATE binding SET status = 'failed', version = version + 1 WHERE operation_id = ?`, id)
+	if r := e.post("/v1/operations/"+id+"/retry", opsToken); r.status != 200 || r.op()["approved_by"] != "bob" {
+		t.Fatalf("retry: %d %s", r.status, r.raw)
+	}
+	if got := e.eventActors(id); !slicesContains(got, "retry_by_operator:ops") || !slicesContains(got, "admitted:ops") {
+		t.Fatalf("events after retry: %v", got)
+	}
+}
+
+func slicesContains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func TestFourEyesOffHTTP(t *testing.T) {
+	e := principalEnv(t, nil, func(c *Config) { c.AllowSelfApproval = true })
+	id := e.createAs(aliceToken, "u1", "db/prod", "").op()["id"].(string)
+	if r := e.post("/v1/operations/"+id+"/approve", aliceToken); r.status != 200 || r.op()["approved_by"] != "alice" {
+		t.Fatalf("self-approval with four eyes off: %d %s", r.status, r.raw)
+	}
+}
+
+func TestAutoApproveRecordsAutoHTTP(t *testing.T) {
+	e := principalEnv(t, nil, func(c *Config) { c.AutoApprove = true })
+	c := e.createAs(bareToken, "u1", "db/prod", "")
+	want := auth.BareName(bareToken)
+	if c.status != 201 || c.op()["status"] != "queued" || c.op()["approved_by"] != "auto" || c.op()["requested_by"] != want {
+		t.Fatalf("auto-approved: %d %s", c.status, c.raw)
+	}
+	id := c.op()["id"].(string)
+	g := e.do(req{method: "GET", path: "/v1/operations/" + id, token: aliceToken})
+	if g.op()["approved_by"] != "auto" || g.op()["requested_by"] != want {
+		t.Fatalf("read back: %s", g.raw)
+	}
+	if got := strings.Join(e.eventActors(id), ","); got != "created:"+want+",admitted:auto" {
+		t.Fatalf("events: %s", got)
+	}
+}
+
+// Idempotency keys are per principal: two callers may use the same key, each gets its
+// own operation, and a repeat answers each caller its own.
+func TestIdempotencyPerPrincipalHTTP(t *testing.T) {
+	e := principalEnv(t, nil, nil)
+	a := e.createAs(aliceToken, "ua", "db/prod", "same-key")
+	b := e.createAs(bobToken, "ub", "db/prod", "same-key")
+	if a.status != 201 || b.status != 201 || a.op()["id"] == b.op()["id"] {
+		t.Fatalf("two principals, one key: %d %s / %d %s", a.status, a.raw, b.status, b.raw)
+	}
+	if r := e.createAs(aliceToken, "ua", "db/prod", "same-key"); r.status != 200 || r.op()["id"] != a.op()["id"] {
+		t.Fatalf("alice's repeat: %d %s", r.status, r.raw)
+	}
+	if r := e.createAs(bobToken, "ub", "db/prod", "same-key"); r.status != 200 || r.op()["id"] != b.op()["id"] {
+		t.Fatalf("bob's repeat: %d %s", r.status, r.raw)
+	}
+	// Bob's key with alice's body is bob's key reused with another body: 422, not
+	// alice's operation.
+	if r := e.createAs(bobToken, "ua", "db/prod", "same-key"); r.status != 422 {
+		t.Fatalf("bob reusing his key for another body: %d %s", r.status, r.raw)
+	}
+}
+
+// Many callers of two principals race with the same keys (concurrent admissions are
+// grouped into shared transactions): each principal ends with exactly one operation
+// per key, and every answer for a key names that principal's operation.
+func TestIdempotencyPerPrincipalConcurrentHTTP(t *testing.T) {
+	e := principalEnv(t, nil, nil)
+	const keys, callers = 8, 6
+	type answer struct {
+		token, key, id string
+		status         int
+	}
+	out := make(chan answer, 2*keys*callers)
+	var wg sync.WaitGroup
+	for _, tok := range []string{aliceToken, bobToken} {
+		for k := 0; k < keys; k++ {
+			for c := 0; c < callers; c++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					key := fmt.Sprintf("k-%d", k)
+					subject := fmt.Sprintf("%s-%d", tok[:3], k)
+					r := e.createAs(tok, subject, "db/prod", key)
+					id, _ := r.op()["id"].(string)
+					out <- answer{tok, key, id, r.status}
+				}()
+			}
+		}
+	}
+	wg.Wait()
+	close(out)
+	ids := map[[2]string]map[string]bool{}
+	created := map[[2]string]int{}
+	for a := range out {
+		if a.status != 201 && a.status != 200 {
+			t.Fatalf("%s %s: status %d", a.token[:3], a.key, a.status)
+		}
+		k := [2]string{a.token, a.key}
+		if ids[k] == nil {
+			ids[k] = map[string]bool{}
+		}
+		ids[k][a.id] = true
+		if a.status == 201 {
+			created[k]++
+		}
+	}
+	for k, set := range ids {
+		if len(set) != 1 || created[k] != 1 {
+			t.Fatalf("%s %s: %d operations, %d created", k[0][:3], k[1], len(set), created[k])
+		}
+	}
+	var n int
+	if err := e.st.DB().Get(&n, `SELECT COUNT(*) FROM operation`); err != nil || n != 2*keys {
+		t.Fatalf("%d operations stored, want %d (%v)", n, 2*keys, err)
+	}
+	var perPrincipal []struct {
+		RequestedBy string `db:"requested_by"`
+		N           int    `db:"n"`
+	}
+	if err := e.st.DB().Select(&perPrincipal, `SELECT requested_by, COUNT(*) AS n FROM operation GROUP BY requested_by ORDER BY requested_by`); err != nil {
+		t.Fatal(err)
+	}
+	if len(perPrincipal) != 2 || perPrincipal[0].RequestedBy != "alice" || perPrincipal[0].N != keys || perPrincipal[1].RequestedBy != "bob" || perPrincipal[1].N != keys {
+		t.Fatalf("operations per requester: %+v", perPrincipal)
+	}
+}
+
+func TestInsecureNoAuthRecordsAnonymousHTTP(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.APITokens, c.AdminTokens, c.InsecureNoAuth, c.AllowSelfApproval = nil, nil, true, true
+	})
+	c := e.createAs("", "u1", "db/prod", "")
+	if c.status != 201 || c.op()["requested_by"] != "anonymous" {
+		t.Fatalf("create without auth: %d %s", c.status, c.raw)
 	}
 }

@@ -38,7 +38,9 @@ func renderOperation(op store.Operation, mrURL string) wire.Operation {
 		ID: op.OperationID, Subject: op.Subject, Target: op.Target, Repo: op.Repo,
 		Action: string(op.Action), Status: string(op.Status), BatchID: op.BatchID,
 		MRURL: strPtr(mrURL), Error: errObj(op.ErrorCode, op.ErrorMessage),
-		ExpiresAt: tsPtr(op.ExpiresAt), CreatedAt: ts(op.CreatedAt), UpdatedAt: ts(op.UpdatedAt),
+		ExpiresAt:   tsPtr(op.ExpiresAt),
+		RequestedBy: strPtr(op.RequestedBy), ApprovedBy: strPtr(op.ApprovedBy),
+		CreatedAt: ts(op.CreatedAt), UpdatedAt: ts(op.UpdatedAt),
 	}
 }
 
@@ -64,5 +66,5 @@ func renderBatch(b store.Batch) wire.Batch {
 }
 
 func renderEvent(e store.Event) wire.Event {
-	return wire.Event{ID: e.ID, Code: e.Code, Detail: e.Detail, BatchID: e.BatchID, CreatedAt: ts(e.CreatedAt)}
+	return wire.Event{ID: e.ID, Code: e.Code, Detail: e.Detail, BatchID: e.BatchID, Actor: strPtr(e.Actor), CreatedAt: ts(e.CreatedAt)}
 }

@@ -44,8 +44,12 @@ type Config struct {
 	// APITokens may call every /v1 route except /v1/admin/*. AdminTokens may call all.
 	APITokens   []string
 	AdminTokens []string
-	// InsecureNoAuth serves every route without a token (development only).
+	// InsecureNoAuth serves every route without a token (development only); every
+	// request then acts as the principal "anonymous".
 	InsecureNoAuth bool
+	// AllowSelfApproval turns four eyes off (BATCHERD_FOUR_EYES=false): the zero value
+	// refuses an approval by the operation's requester with 403 self_approval.
+	AllowSelfApproval bool
 	// WebhookSecret is the X-Gitlab-Token GitLab sends; empty disables the webhook.
 	WebhookSecret string
 	// Repos are the configured GitLab project paths; the first is the default.

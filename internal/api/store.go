@@ -16,9 +16,9 @@ type Store interface {
 
 	// operations
 	OperationCreate(ctx context.Context, p store.OperationCreateParams) (op domain.Operation, created bool, err error)
-	OperationApprove(ctx context.Context, operationID string) (domain.Operation, error)
-	OperationReject(ctx context.Context, operationID string) (domain.Operation, error)
-	OperationRetry(ctx context.Context, operationID string) (domain.Operation, error)
+	OperationApproveBy(ctx context.Context, operationID, actor string, fourEyes bool) (domain.Operation, error)
+	OperationRejectBy(ctx context.Context, operationID, actor string) (domain.Operation, error)
+	OperationRetryBy(ctx context.Context, operationID, actor string) (domain.Operation, error)
 	OperationGetView(ctx context.Context, operationID string) (store.OperationView, error)
 	OperationEvents(ctx context.Context, operationID string) ([]store.Event, error)
 	OperationCounts(ctx context.Context, statuses ...domain.OpStatus) (map[domain.OpStatus]int64, error)

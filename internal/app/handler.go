@@ -24,11 +24,13 @@ func (a *App) handler() (http.Handler, error) {
 	return api.New(api.Config{
 		Auth:           authn,
 		InsecureNoAuth: a.cfg.InsecureNoAuth,
-		WebhookSecret:  a.cfg.WebhookSecret,
-		Repos:          a.cfg.Repos,
-		AutoApprove:    a.cfg.AutoApprove,
-		IdempotencyTTL: a.cfg.IdempotencyTTL,
-		LogRequests:    a.cfg.LogRequests,
+		// Four eyes is on unless BATCHERD_FOUR_EYES=false.
+		AllowSelfApproval: !a.cfg.FourEyes,
+		WebhookSecret:     a.cfg.WebhookSecret,
+		Repos:             a.cfg.Repos,
+		AutoApprove:       a.cfg.AutoApprove,
+		IdempotencyTTL:    a.cfg.IdempotencyTTL,
+		LogRequests:       a.cfg.LogRequests,
 	}, api.Deps{
 		Store:       a.st,
 		Log:         a.log.With("component", "api"),

@@ -47,6 +47,7 @@ type Config struct {
 	OIDCUsernameClaim string        `env:"OIDC_USERNAME_CLAIM, default=sub" desc:"claim naming the principal (GitLab: nickname is the username)"`
 	OIDCGroupsClaim   string        `env:"OIDC_GROUPS_CLAIM, default=groups" desc:"claim listing the user's groups (GitLab's ID token: groups_direct)"`
 	OIDCAdminGroups   []string      `env:"OIDC_ADMIN_GROUPS" desc:"comma-separated groups whose members are admin principals"`
+	FourEyes          bool          `env:"FOUR_EYES, default=true" desc:"refuse an approval by the principal that requested the operation (403 self_approval)"`
 	WebhookSecret     string        `env:"WEBHOOK_SECRET" secret:"true" desc:"X-Gitlab-Token expected on /v1/webhooks/gitlab (webhook disabled when empty; or BATCHERD_WEBHOOK_SECRET_FILE)"`
 	WebhookSecretFile string        `env:"WEBHOOK_SECRET_FILE" desc:"file holding the webhook secret"`
 	InsecureNoAuth    bool          `env:"INSECURE_NO_AUTH, default=false" desc:"serve the API without tokens (development only; logs a warning)"`

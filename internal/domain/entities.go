@@ -27,6 +27,14 @@ type Operation struct {
 	ErrorMessage string          `db:"error_message"`
 	CreatedAt    time.Time       `db:"created_at"`
 	UpdatedAt    time.Time       `db:"updated_at"`
+	// Principals (migration 00006): who applied, approved (auto for
+	// BATCHERD_AUTO_APPROVE and expiry), rejected, withdrew and last retried the
+	// operation; "" = nobody recorded.
+	RequestedBy string `db:"requested_by"`
+	ApprovedBy  string `db:"approved_by"`
+	RejectedBy  string `db:"rejected_by"`
+	WithdrawnBy string `db:"withdrawn_by"`
+	RetriedBy   string `db:"retried_by"`
 }
 
 // Batch is one round for one repository (one row of `merge_batch`).

@@ -126,7 +126,7 @@ func (c *Client) do(ctx context.Context, method, path string, hdr http.Header, i
 		if in != nil {
 			req.Header.Set("Content-Type", "application/json")
 		}
-		if c.token != "" {
+		if c.token != "" && req.Header.Get("Authorization") == "" {
 			req.Header.Set("Authorization", "Bearer "+c.token)
 		}
 		resp, err := c.http.Do(req)
@@ -205,9 +205,18 @@ func (c *Client) opCall(ctx context.Context, method, id, suffix string) (Operati
 	return out.Operation, err
 }
 
-// Approve approves an operation (idempotent).
+// Approve approves an operation (idempotent). A harness client approves as
+// harness-approver, another principal than the requester (four eyes).
 func (c *Client) Approve(ctx context.Context, id string) (Operation, error) {
-	return c.opCall(ctx, http.MethodPost, id, "/approve")
+	var out struct {
+		Operation Operation `json:"operation"`
+	}
+	var hdr http.Header
+	if c.token == APIToken || c.token == AdminToken {
+		hdr = http.Header{"Authorization": {"Bearer " + ApproverToken}}
+	}
+	_, err := c.do(ctx, http.MethodPost, "/v1/operations/"+url.PathEscape(id)+"/approve", hdr, nil, &out, true)
+	return out.Operation, err
 }
 
 // Reject rejects an operation.

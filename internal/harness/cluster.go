@@ -24,11 +24,21 @@ import (
 // BATCHERD_TEST_DSN are empty (scripts/mariadb-bootstrap.sh creates the user).
 const DefaultServerDSN = "batcherd:batcherd@tcp(127.0.0.1:3306)/"
 
-// Tokens the harness configures on every replica.
+// Tokens the harness configures on every replica. The API token applies (principal
+// harness-requester) and the approver token approves (harness-approver): four eyes
+// (BATCHERD_FOUR_EYES, on by default) refuses an approval by the requester.
 const (
-	APIToken   = "harness-api-token"
-	AdminToken = "harness-admin-token"
-	SimToken   = "harness-sim-token"
+	APIToken      = "harness-api-token"
+	ApproverToken = "harness-approver-token"
+	AdminToken    = "harness-admin-token"
+	SimToken      = "harness-sim-token"
+)
+
+// Principal names of the harness's tokens.
+const (
+	RequesterPrincipal = "harness-requester"
+	ApproverPrincipal  = "harness-approver"
+	AdminPrincipal     = "harness-admin"
 )
 
 // Options configure a Cluster. Zero values take the defaults noted.

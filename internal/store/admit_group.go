@@ -199,7 +199,7 @@ const maxGroupBytes = 1 << 20
 
 // approxBytes is about how much a request adds to the group's statements.
 func approxBytes(p OperationCreateParams) int {
-	return 512 + 3*(len(p.Subject)+len(p.Target)) + 2*len(p.Repo) + len(p.IdempotencyKey) + len(p.Attributes)
+	return 512 + 3*(len(p.Subject)+len(p.Target)) + 2*len(p.Repo) + len(p.IdempotencyKey) + 3*len(p.RequestedBy) + len(p.Attributes)
 }
 
 // A group does not run on any caller's context: one caller leaving must not roll back
@@ -234,6 +234,11 @@ type admitReadRow struct {
 
 type relKey struct{ subject, target string }
 
+// idemRef is an idempotency key as the database keys it: per principal.
+type idemRef struct{ principal, key string }
+
+func idemOf(p OperationCreateParams) idemRef { return idemRef{p.RequestedBy, p.IdempotencyKey} }
+
 // accepted is a request the group writes.
 type accepted struct {
 	r      *admitReq
@@ -258,19 +263,19 @@ func (s *Store) runAdmitGroup(a *admitter, group []*admitReq) {
 
 	// Requests whose key or relation already appeared earlier in the group go serial,
 	// after the group (their answer depends on the earlier request's outcome).
-	seenKey := map[string]bool{}
+	seenKey := map[idemRef]bool{}
 	seenRel := map[relKey]bool{}
 	var work []*admitReq
 	for _, r := range group {
 		k := relKey{r.p.Subject, r.p.Target}
-		if seenRel[k] || (r.p.IdempotencyKey != "" && seenKey[r.p.IdempotencyKey]) {
+		if seenRel[k] || (r.p.IdempotencyKey != "" && seenKey[idemOf(r.p)]) {
 			r.outcome = admitSerial
 			a.stats.serial.Add(1)
 			continue
 		}
 		seenRel[k] = true
 		if r.p.IdempotencyKey != "" {
-			seenKey[r.p.IdempotencyKey] = true
+			seenKey[idemOf(r.p)] = true
 		}
 		work = append(work, r)
 	}
@@ -307,12 +312,12 @@ func acceptedReqs(acc []accepted) []*admitReq {
 // decideGroup decides every request of the group on the group's read, in arrival
 // order, and returns the accepted ones. Refused requests get their answer here;
 // requests whose idempotency key is already stored go serial.
-func (a *admitter) decideGroup(work []*admitReq, now time.Time, bindings map[relKey]groupBinding, keys map[string]bool) []accepted {
+func (a *admitter) decideGroup(work []*admitReq, now time.Time, bindings map[relKey]groupBinding, keys map[idemRef]bool) []accepted {
 	var acc []accepted
 	for _, r := range work {
 		p := r.p
 		if p.IdempotencyKey != "" {
-			if _, stored := keys[p.IdempotencyKey]; stored {
+			if _, stored := keys[idemOf(p)]; stored {
 				// A repeat (live key) or an expired key to free: the serial path does
 				// both exactly as before.
 				a.fallback([]*admitReq{r}, false)
@@ -345,6 +350,7 @@ func answerOne(x accepted, id int64, created, updated time.Time) {
 		ID: id, OperationID: p.OperationID, Subject: p.Subject, Target: p.Target,
 		Repo: x.repo, Action: p.Action, Status: x.status, Version: 1,
 		Attributes: []byte{}, CreatedAt: created, UpdatedAt: updated,
+		RequestedBy: p.RequestedBy, ApprovedBy: approvedByOnCreate(p),
 	}
 	if p.ExpiresAt != nil {
 		t := p.ExpiresAt.UTC().Truncate(time.Microsecond)
@@ -458,13 +464,16 @@ func admitReadQuery(work []*admitReq) (string, []any) {
 		if r.p.IdempotencyKey == "" {
 			continue
 		}
+		// Keys are per principal (uk_principal_key): the principal rides in the target
+		// column of the 'k' rows.
 		if nk == 0 {
-			q.WriteString(` UNION ALL SELECT 'k', NULL, NULL, idem_key, NULL, NULL, NULL, NULL, NULL,
-				expires_at > CURRENT_TIMESTAMP(6) FROM idempotency_key WHERE idem_key IN (?`)
+			q.WriteString(` UNION ALL SELECT 'k', NULL, NULL, idem_key, principal, NULL, NULL, NULL, NULL,
+				expires_at > CURRENT_TIMESTAMP(6) FROM idempotency_key FORCE INDEX (uk_principal_key)
+				WHERE (principal, idem_key) IN ((?,?)`)
 		} else {
-			q.WriteString(",?")
+			q.WriteString(",(?,?)")
 		}
-		args = append(args, r.p.IdempotencyKey)
+		args = append(args, r.p.RequestedBy, r.p.IdempotencyKey)
 		nk++
 	}
 	if nk > 0 {
@@ -475,9 +484,9 @@ func admitReadQuery(work []*admitReq) (string, []any) {
 
 // admitReadResult turns the read's rows into the clock, the bindings found and the
 // keys stored (key → live).
-func admitReadResult(rows []admitReadRow) (now time.Time, bindings map[relKey]groupBinding, keys map[string]bool, err error) {
+func admitReadResult(rows []admitReadRow) (now time.Time, bindings map[relKey]groupBinding, keys map[idemRef]bool, err error) {
 	bindings = make(map[relKey]groupBinding, len(rows))
-	keys = map[string]bool{}
+	keys = map[idemRef]bool{}
 	for _, row := range rows {
 		switch row.Kind {
 		case "n":
@@ -489,7 +498,7 @@ func admitReadResult(rows []admitReadRow) (now time.Time, bindings map[relKey]gr
 			}
 			bindings[relKey{b.Subject, b.Target}] = groupBinding{Binding: b, found: true}
 		case "k":
-			keys[row.Subject.String] = row.Live.Bool
+			keys[idemRef{row.Target.String, row.Subject.String}] = row.Live.Bool
 		}
 	}
 	if now.IsZero() {
@@ -572,25 +581,31 @@ func buildAdmitWrites(now time.Time, acc []accepted) (stmts []admitStmt, opStmt 
 		}
 	}
 	if len(keyed) > 0 {
-		slices.SortFunc(keyed, func(x, y accepted) int { return strings.Compare(x.r.p.IdempotencyKey, y.r.p.IdempotencyKey) })
-		args := make([]any, 0, 4*len(keyed))
+		slices.SortFunc(keyed, func(x, y accepted) int {
+			if c := strings.Compare(x.r.p.RequestedBy, y.r.p.RequestedBy); c != 0 {
+				return c
+			}
+			return strings.Compare(x.r.p.IdempotencyKey, y.r.p.IdempotencyKey)
+		})
+		args := make([]any, 0, 5*len(keyed))
 		for _, x := range keyed {
 			ttl := x.r.p.IdempotencyTTL
 			if ttl <= 0 {
 				ttl = 24 * time.Hour
 			}
-			args = append(args, x.r.p.IdempotencyKey, x.r.p.Fingerprint, x.r.p.OperationID, ttl.Microseconds())
+			args = append(args, x.r.p.RequestedBy, x.r.p.IdempotencyKey, x.r.p.Fingerprint, x.r.p.OperationID, ttl.Microseconds())
 		}
-		stmts = append(stmts, admitStmt{`INSERT INTO idempotency_key (idem_key, fingerprint, operation_id, expires_at) VALUES ` +
-			values("(?, ?, ?, CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND)", len(keyed)), args, int64(len(keyed))})
+		stmts = append(stmts, admitStmt{`INSERT INTO idempotency_key (principal, idem_key, fingerprint, operation_id, expires_at) VALUES ` +
+			values("(?, ?, ?, ?, CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND)", len(keyed)), args, int64(len(keyed))})
 	}
 
 	// 2. Operations, in arrival order, created_at = the group's clock read (or the
 	//    column default).
-	args := make([]any, 0, 10*len(acc))
+	args := make([]any, 0, 12*len(acc))
 	for _, x := range acc {
 		p := x.r.p
-		args = append(args, p.OperationID, p.Subject, p.Target, x.repo, p.Action, x.status, x.exp, x.attrs)
+		args = append(args, p.OperationID, p.Subject, p.Target, x.repo, p.Action, x.status, x.exp, x.attrs,
+			p.RequestedBy, approvedByOnCreate(p))
 		if !now.IsZero() {
 			args = append(args, now, now)
 		}
@@ -598,12 +613,12 @@ func buildAdmitWrites(now time.Time, acc []accepted) (stmts []admitStmt, opStmt 
 	opStmt = len(stmts)
 	if now.IsZero() {
 		stmts = append(stmts, admitStmt{`INSERT INTO operation
-		(operation_id, subject, target, repo, action, status, expires_at, attributes) VALUES ` +
-			values("(?, ?, ?, ?, ?, ?, ?, ?)", len(acc)), args, int64(len(acc))})
+		(operation_id, subject, target, repo, action, status, expires_at, attributes, requested_by, approved_by) VALUES ` +
+			values("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", len(acc)), args, int64(len(acc))})
 	} else {
 		stmts = append(stmts, admitStmt{`INSERT INTO operation
-		(operation_id, subject, target, repo, action, status, expires_at, attributes, created_at, updated_at) VALUES ` +
-			values("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", len(acc)), args, int64(len(acc))})
+		(operation_id, subject, target, repo, action, status, expires_at, attributes, requested_by, approved_by, created_at, updated_at) VALUES ` +
+			values("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", len(acc)), args, int64(len(acc))})
 	}
 
 	// 3. Bindings. New relations: one INSERT in (subject, target) order; a concurrent
@@ -694,21 +709,21 @@ func buildAdmitWrites(now time.Time, acc []accepted) (stmts []admitStmt, opStmt 
 
 	// 5. Audit events: created (and admitted) per operation, one statement, in the order
 	//    the per-request path writes them.
-	args = make([]any, 0, 8*len(acc))
+	args = make([]any, 0, 10*len(acc))
 	n := 0
 	for _, x := range acc {
 		p := x.r.p
 		id := p.OperationID
 		args = append(args, "op:"+id+":"+EventCreated, id, EventCreated,
-			truncateUTF8(string(p.Action)+" "+p.Subject+" → "+p.Target, 2048))
+			truncateUTF8(string(p.Action)+" "+p.Subject+" → "+p.Target, 2048), p.RequestedBy)
 		n++
 		if x.status == OpQueued {
-			args = append(args, "op:"+id+":"+EventAdmitted, id, EventAdmitted, "auto-approved")
+			args = append(args, "op:"+id+":"+EventAdmitted, id, EventAdmitted, "auto-approved", AutoApprover)
 			n++
 		}
 	}
-	stmts = append(stmts, admitStmt{`INSERT INTO audit_event (dedupe_key, operation_id, code, detail) VALUES ` +
-		values("(?, ?, ?, ?)", n) + ` ON DUPLICATE KEY UPDATE id = id`, args, -1})
+	stmts = append(stmts, admitStmt{`INSERT INTO audit_event (dedupe_key, operation_id, code, detail, actor) VALUES ` +
+		values("(?, ?, ?, ?, ?)", n) + ` ON DUPLICATE KEY UPDATE id = id`, args, -1})
 	return stmts, opStmt
 }
 

@@ -86,7 +86,8 @@ const batchCols = "id, repo, status, version, size, source_branch, mr_iid, mr_ur
 // NULL, so it reads as empty.
 const memberOpCols = "o.id, o.operation_id, o.subject, o.target, o.repo, o.action, o.status, " +
 	"o.version, o.expires_at, COALESCE(o.attributes, '') AS attributes, o.batch_id, o.attempts, o.error_code, " +
-	"o.error_message, o.created_at, o.updated_at"
+	"o.error_message, o.created_at, o.updated_at, " +
+	"o.requested_by, o.approved_by, o.rejected_by, o.withdrawn_by, o.retried_by"
 
 // The fixed read queries of the batch side, named so the EXPLAIN test checks exactly
 // the text the store runs (export_test.go). The IN-list writes are built per call.

@@ -64,7 +64,7 @@ var requiredUniques = []requiredUnique{
 	{"merge_batch_member", "PRIMARY", []string{"batch_id", "operation_id"}, "member history: one row per batch and operation"},
 	{"operation", "uk_operation_id", []string{"operation_id"}, "one row per operation id"},
 	{"binding", "uk_subject_target", []string{"subject", "target"}, "I5: one row per (subject, target)"},
-	{"idempotency_key", "uk_idem_key", []string{"idem_key"}, "idempotency: one result per key"},
+	{"idempotency_key", "uk_principal_key", []string{"principal", "idem_key"}, "idempotency: one result per principal and key"},
 	{"audit_event", "uk_dedupe", []string{"dedupe_key"}, "audit: re-recording an event is a no-op"},
 }
 
@@ -84,10 +84,26 @@ var requiredIndexes = []requiredIndex{
 // requiredColumns are the failure-isolation columns (migration 00002) the claim and the
 // failure settlement write in the same guarded statements as the rest of the waiting
 // set: a schema without them is one the groups cannot live in.
+//
+// The principal columns (migration 00006) are written by admission's group statements
+// and by every decision: without them no operation can be recorded.
 var requiredColumns = map[string][]string{
 	"merge_batch_request": {"grp", "kind", "parent_id", "depth", "half", "retries", "tries"},
 	"merge_batch":         {"kind", "grp", "parent_id", "depth", "fail_class"},
 	"merge_batch_member":  {"why"},
+	"operation":           {"requested_by", "approved_by", "rejected_by", "withdrawn_by", "retried_by"},
+	"audit_event":         {"actor"},
+	"idempotency_key":     {"principal"},
+}
+
+// columnsMigration names the migration that adds each table's required columns.
+var columnsMigration = map[string]string{
+	"merge_batch_request": "failure isolation, migration 00002",
+	"merge_batch":         "failure isolation, migration 00002",
+	"merge_batch_member":  "failure isolation, migration 00002",
+	"operation":           "principals, migration 00006",
+	"audit_event":         "principals, migration 00006",
+	"idempotency_key":     "principals, migration 00006",
 }
 
 // versionTables carry the monotonic version every guarded write checks and bumps (I6).
@@ -237,7 +253,7 @@ func (r *SchemaReport) checkIndex(ix requiredIndex, got []indexPart) {
 	r.Checked = append(r.Checked, fmt.Sprintf("%s.%s (%s)", ix.table, ix.index, strings.Join(ix.columns, ", ")))
 }
 
-// checkColumns verifies the failure-isolation columns exist.
+// checkColumns verifies the columns of requiredColumns exist.
 func (s *Store) checkColumns(ctx context.Context, rep *SchemaReport) error {
 	var have []struct {
 		Table  string `db:"TABLE_NAME"`
@@ -245,7 +261,8 @@ func (s *Store) checkColumns(ctx context.Context, rep *SchemaReport) error {
 	}
 	if err := s.db.SelectContext(ctx, &have,
 		`SELECT TABLE_NAME, COLUMN_NAME FROM information_schema.COLUMNS
-		  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ('merge_batch_request', 'merge_batch', 'merge_batch_member')`); err != nil {
+		  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN
+		        ('merge_batch_request', 'merge_batch', 'merge_batch_member', 'operation', 'audit_event', 'idempotency_key')`); err != nil {
 		return translate(err)
 	}
 	got := map[[2]string]bool{}
@@ -265,7 +282,7 @@ func (s *Store) checkColumns(ctx context.Context, rep *SchemaReport) error {
 			}
 		}
 		if len(missing) > 0 {
-			rep.problem("table %s: column(s) %s missing (failure isolation, migration 00002: run batcherd migrate)", t, strings.Join(missing, ", "))
+			rep.problem("table %s: column(s) %s missing (%s: run batcherd migrate)", t, strings.Join(missing, ", "), columnsMigration[t])
 		} else {
 			rep.Checked = append(rep.Checked, fmt.Sprintf("%s has %s", t, strings.Join(requiredColumns[t], ", ")))
 		}

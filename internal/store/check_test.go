@@ -16,7 +16,7 @@ func TestCheckSchemaAcceptsMigratedSchema(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CheckSchema on a freshly migrated schema: %v", err)
 	}
-	if len(rep.Problems) != 0 || len(rep.Checked) != 7+1+1+3+3 {
+	if len(rep.Problems) != 0 || len(rep.Checked) != 7+1+1+6+3 {
 		t.Fatalf("report = %+v", rep)
 	}
 	// The server has at least one of the two isolation variable names; which one
@@ -45,6 +45,16 @@ func TestCheckSchemaRefusesDrift(t *testing.T) {
 			name:  "unique index missing",
 			alter: []string{"ALTER TABLE audit_event DROP INDEX uk_dedupe"},
 			want:  []string{"audit_event", "uk_dedupe", "missing"},
+		},
+		{
+			name:  "idempotency keys unique per key only, not per principal",
+			alter: []string{"ALTER TABLE idempotency_key DROP INDEX uk_principal_key, ADD UNIQUE KEY uk_principal_key (idem_key)"},
+			want:  []string{"idempotency_key", "uk_principal_key", "columns are (idem_key)"},
+		},
+		{
+			name:  "operation without requested_by",
+			alter: []string{"ALTER TABLE operation DROP COLUMN requested_by"},
+			want:  []string{"operation", "requested_by", "migration 00006"},
 		},
 		{
 			name: "long unique turned into HASH",

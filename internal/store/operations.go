@@ -54,7 +54,16 @@ const opIso = sql.LevelReadCommitted
 // attributes is NULL when the application had none; json.RawMessage cannot scan NULL,
 // so reads turn it into an empty value.
 const opCols = `id, operation_id, subject, target, repo, action, status, version, expires_at,
-	COALESCE(attributes, '') AS attributes, batch_id, attempts, error_code, error_message, created_at, updated_at`
+	COALESCE(attributes, '') AS attributes, batch_id, attempts, error_code, error_message, created_at, updated_at, ` +
+	principalCols
+
+// principalCols are the operation's principals (migration 00006).
+const principalCols = `requested_by, approved_by, rejected_by, withdrawn_by, retried_by`
+
+// principalColsOf is principalCols qualified with a table alias.
+func principalColsOf(alias string) string {
+	return alias + "." + strings.ReplaceAll(principalCols, ", ", ", "+alias+".")
+}
 
 const bindingCols = `id, subject, target, repo, status, operation_id, expires_at, version, created_at, updated_at`
 
@@ -77,7 +86,28 @@ type OperationCreateParams struct {
 	IdempotencyKey string
 	Fingerprint    string
 	IdempotencyTTL time.Duration
+	// RequestedBy is the principal applying: recorded as requested_by and as the
+	// created event's actor, and the scope of IdempotencyKey (two principals may send
+	// the same key).
+	RequestedBy string
 }
+
+// approvedByOnCreate is approved_by as admission writes it: auto for an auto-approved
+// operation, nobody yet otherwise.
+func approvedByOnCreate(p OperationCreateParams) string {
+	if p.AutoApprove {
+		return AutoApprover
+	}
+	return ""
+}
+
+// AutoApprover is approved_by of an operation nobody approved by hand
+// (BATCHERD_AUTO_APPROVE, expiry revokes). internal/auth reserves the name, so no
+// principal can be recorded as it.
+const AutoApprover = "auto"
+
+// SystemActor is requested_by of the operations batcherd makes itself (expiry revokes).
+const SystemActor = "batcherd"
 
 // errIdemSeen ends the transaction of a request whose key is already stored; the
 // caller then reads the stored answer outside it.
@@ -111,7 +141,7 @@ func (s *Store) operationCreateSerial(ctx context.Context, p OperationCreatePara
 			return op, true, nil
 		case p.IdempotencyKey != "" && (errors.Is(err, errIdemSeen) || errors.Is(err, ErrDuplicate)):
 			// The key is (or was, a moment ago) held by another request: its answer is ours.
-			op, err = s.idempotencyAnswer(ctx, p.IdempotencyKey, p.Fingerprint)
+			op, err = s.idempotencyAnswer(ctx, p.RequestedBy, p.IdempotencyKey, p.Fingerprint)
 			if errors.Is(err, ErrNotFound) && attempt < 3 {
 				continue // the holder rolled back or the key just expired: try again
 			}
@@ -124,14 +154,14 @@ func (s *Store) operationCreateSerial(ctx context.Context, p OperationCreatePara
 	}
 }
 
-// idempotencyAnswer reads the operation a stored, unexpired key points at.
-func (s *Store) idempotencyAnswer(ctx context.Context, key, fingerprint string) (Operation, error) {
+// idempotencyAnswer reads the operation a principal's stored, unexpired key points at.
+func (s *Store) idempotencyAnswer(ctx context.Context, principal, key, fingerprint string) (Operation, error) {
 	var row struct {
 		Fingerprint string `db:"fingerprint"`
 		OperationID string `db:"operation_id"`
 	}
 	err := s.db.GetContext(ctx, &row, `SELECT fingerprint, operation_id FROM idempotency_key
-		WHERE idem_key = ? AND expires_at > CURRENT_TIMESTAMP(6)`, key)
+		WHERE principal = ? AND idem_key = ? AND expires_at > CURRENT_TIMESTAMP(6)`, principal, key)
 	if err != nil {
 		return Operation{}, translate(err)
 	}
@@ -148,7 +178,7 @@ func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) 
 			// Check before insert: the common repeat is answered without touching locks.
 			var live []bool
 			if err := tx.SelectContext(ctx, &live, `SELECT expires_at > CURRENT_TIMESTAMP(6)
-				FROM idempotency_key WHERE idem_key = ?`, p.IdempotencyKey); err != nil {
+				FROM idempotency_key WHERE principal = ? AND idem_key = ?`, p.RequestedBy, p.IdempotencyKey); err != nil {
 				return err
 			}
 			if len(live) > 0 && live[0] {
@@ -158,7 +188,7 @@ func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) 
 				// Expired but not purged yet: no longer an answer, free the key (guarded,
 				// so a key renewed meanwhile by another request stays).
 				if _, err := tx.ExecContext(ctx, `DELETE FROM idempotency_key
-					WHERE idem_key = ? AND expires_at <= CURRENT_TIMESTAMP(6)`, p.IdempotencyKey); err != nil {
+					WHERE principal = ? AND idem_key = ? AND expires_at <= CURRENT_TIMESTAMP(6)`, p.RequestedBy, p.IdempotencyKey); err != nil {
 					return err
 				}
 			}
@@ -168,9 +198,9 @@ func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) 
 			if ttl <= 0 {
 				ttl = 24 * time.Hour
 			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO idempotency_key (idem_key, fingerprint, operation_id, expires_at)
-				VALUES (?, ?, ?, CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`,
-				p.IdempotencyKey, p.Fingerprint, p.OperationID, ttl.Microseconds()); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO idempotency_key (principal, idem_key, fingerprint, operation_id, expires_at)
+				VALUES (?, ?, ?, ?, CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`,
+				p.RequestedBy, p.IdempotencyKey, p.Fingerprint, p.OperationID, ttl.Microseconds()); err != nil {
 				return err // 1062 → ErrDuplicate → the caller reads the winner
 			}
 		}
@@ -229,9 +259,10 @@ func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) 
 		}
 		// Operation row before the binding row: the lock order of every path.
 		if _, err := tx.ExecContext(ctx, `INSERT INTO operation
-			(operation_id, subject, target, repo, action, status, expires_at, attributes)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-			p.OperationID, p.Subject, p.Target, repo, p.Action, status, utcPtr(p.ExpiresAt), attrs); err != nil {
+			(operation_id, subject, target, repo, action, status, expires_at, attributes, requested_by, approved_by)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			p.OperationID, p.Subject, p.Target, repo, p.Action, status, utcPtr(p.ExpiresAt), attrs,
+			p.RequestedBy, approvedByOnCreate(p)); err != nil {
 			return err
 		}
 
@@ -272,11 +303,11 @@ func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) 
 			}
 		}
 
-		if err := recordEvent(ctx, tx, p.OperationID, EventCreated, 0, string(p.Action)+" "+p.Subject+" → "+p.Target); err != nil {
+		if err := recordEventBy(ctx, tx, p.OperationID, EventCreated, 0, string(p.Action)+" "+p.Subject+" → "+p.Target, p.RequestedBy); err != nil {
 			return err
 		}
 		if p.AutoApprove {
-			if err := admitTx(ctx, tx, p.OperationID, repo, 0, "auto-approved"); err != nil {
+			if err := admitTxBy(ctx, tx, p.OperationID, repo, 0, "auto-approved", AutoApprover); err != nil {
 				return err
 			}
 		}
@@ -310,7 +341,7 @@ func (s *Store) OperationGetView(ctx context.Context, operationID string) (Opera
 	var v OperationView
 	err := s.db.GetContext(ctx, &v, `SELECT o.id, o.operation_id, o.subject, o.target, o.repo, o.action,
 		o.status, o.version, o.expires_at, COALESCE(o.attributes, '') AS attributes, o.batch_id, o.attempts, o.error_code,
-		o.error_message, o.created_at, o.updated_at, COALESCE(b.mr_url, '') AS mr_url
+		o.error_message, o.created_at, o.updated_at, `+principalColsOf("o")+`, COALESCE(b.mr_url, '') AS mr_url
 		FROM operation o LEFT JOIN merge_batch b ON b.id = o.batch_id
 		WHERE o.operation_id = ?`, operationID)
 	return v, translate(err)
@@ -324,10 +355,18 @@ func (s *Store) BatchMRURL(ctx context.Context, batchID int64) (string, error) {
 	return u, translate(err)
 }
 
-// OperationApprove: pending_approval → queued and admitted, guarded on the operation's
-// version and on the binding still pointing at it. A repeat is a no-op returning the
-// operation; ErrStale when superseded or already rejected; ErrNotFound when unknown.
+// OperationApprove approves as nobody in particular, without the four-eyes rule (tests
+// and tools; the API calls OperationApproveBy).
 func (s *Store) OperationApprove(ctx context.Context, operationID string) (Operation, error) {
+	return s.OperationApproveBy(ctx, operationID, "", false)
+}
+
+// OperationApproveBy: pending_approval → queued and admitted, recording the approver,
+// guarded on the operation's version and on the binding still pointing at it. A repeat
+// is a no-op returning the operation; ErrSelfApproval when fourEyes and the approver
+// requested it (nothing changes); ErrStale when superseded or already rejected;
+// ErrNotFound when unknown.
+func (s *Store) OperationApproveBy(ctx context.Context, operationID, actor string, fourEyes bool) (Operation, error) {
 	var out Operation
 	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
 		op, b, err := lockOperationAndBinding(ctx, tx, operationID)
@@ -345,16 +384,21 @@ func (s *Store) OperationApprove(ctx context.Context, operationID string) (Opera
 		default:
 			return fmt.Errorf("%w: operation is %s", ErrStale, op.Status)
 		}
+		// Four eyes, decided on the locked row: the requester cannot approve its own
+		// operation. Checked before any write, so the refusal changes nothing.
+		if fourEyes && actor != "" && op.RequestedBy == actor {
+			return fmt.Errorf("%w: %q requested operation %s and cannot approve it too", ErrSelfApproval, actor, op.OperationID)
+		}
 		if err := guardBindingOwned(ctx, tx, op, b, pendingBindingStatus(op.Action), pendingBindingStatus(op.Action)); err != nil {
 			return err
 		}
-		if err := setOperationStatus(ctx, tx, op, OpQueued); err != nil {
+		if err := setOperationStatusBy(ctx, tx, op, OpQueued, "approved_by", actor); err != nil {
 			return err
 		}
-		if err := recordEvent(ctx, tx, op.OperationID, EventApproved, 0, ""); err != nil {
+		if err := recordEventBy(ctx, tx, op.OperationID, EventApproved, 0, "", actor); err != nil {
 			return err
 		}
-		if err := admitTx(ctx, tx, op.OperationID, op.Repo, op.Attempts, "approved"); err != nil {
+		if err := admitTxBy(ctx, tx, op.OperationID, op.Repo, op.Attempts, "approved", actor); err != nil {
 			return err
 		}
 		out, err = operationByID(ctx, tx, operationID, false)
@@ -363,9 +407,17 @@ func (s *Store) OperationApprove(ctx context.Context, operationID string) (Opera
 	return out, err
 }
 
-// OperationReject: pending_approval → rejected (binding: grant → rejected, revoke →
-// back to active). A repeat is a no-op; ErrStale when superseded or already approved.
+// OperationReject rejects as nobody in particular (tests and tools; the API calls
+// OperationRejectBy).
 func (s *Store) OperationReject(ctx context.Context, operationID string) (Operation, error) {
+	return s.OperationRejectBy(ctx, operationID, "")
+}
+
+// OperationRejectBy: pending_approval → rejected (binding: grant → rejected, revoke →
+// back to active), recording who rejected. A repeat is a no-op; ErrStale when
+// superseded or already approved. The requester may reject (take back) its own
+// operation: four eyes guards granting, not declining.
+func (s *Store) OperationRejectBy(ctx context.Context, operationID, actor string) (Operation, error) {
 	var out Operation
 	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
 		op, b, err := lockOperationAndBinding(ctx, tx, operationID)
@@ -389,10 +441,10 @@ func (s *Store) OperationReject(ctx context.Context, operationID string) (Operat
 		if err := guardBindingOwned(ctx, tx, op, b, pendingBindingStatus(op.Action), to); err != nil {
 			return err
 		}
-		if err := setOperationStatus(ctx, tx, op, OpRejected); err != nil {
+		if err := setOperationStatusBy(ctx, tx, op, OpRejected, "rejected_by", actor); err != nil {
 			return err
 		}
-		if err := recordEvent(ctx, tx, op.OperationID, EventRejected, 0, ""); err != nil {
+		if err := recordEventBy(ctx, tx, op.OperationID, EventRejected, 0, "", actor); err != nil {
 			return err
 		}
 		out, err = operationByID(ctx, tx, operationID, false)
@@ -401,9 +453,16 @@ func (s *Store) OperationReject(ctx context.Context, operationID string) (Operat
 	return out, err
 }
 
-// OperationRetry: failed → queued and re-admitted (binding back to pending/revoking),
-// guarded; ErrStale when the operation is not failed or no longer owns its binding.
+// OperationRetry retries as nobody in particular (tests and tools; the API calls
+// OperationRetryBy).
 func (s *Store) OperationRetry(ctx context.Context, operationID string) (Operation, error) {
+	return s.OperationRetryBy(ctx, operationID, "")
+}
+
+// OperationRetryBy: failed → queued and re-admitted (binding back to pending/revoking),
+// recording who retried, guarded; ErrStale when the operation is not failed or no
+// longer owns its binding.
+func (s *Store) OperationRetryBy(ctx context.Context, operationID, actor string) (Operation, error) {
 	var out Operation
 	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
 		op, b, err := lockOperationAndBinding(ctx, tx, operationID)
@@ -423,8 +482,8 @@ func (s *Store) OperationRetry(ctx context.Context, operationID string) (Operati
 			return err
 		}
 		res, err := tx.ExecContext(ctx, `UPDATE operation SET status = ?, batch_id = NULL, attempts = attempts + 1,
-			error_code = '', error_message = '', version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
-			WHERE id = ? AND status = ? AND version = ?`, OpQueued, op.ID, OpFailed, op.Version)
+			error_code = '', error_message = '', retried_by = ?, version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
+			WHERE id = ? AND status = ? AND version = ?`, OpQueued, actor, op.ID, OpFailed, op.Version)
 		if err != nil {
 			return err
 		}
@@ -432,7 +491,7 @@ func (s *Store) OperationRetry(ctx context.Context, operationID string) (Operati
 			return err
 		}
 		attempt := op.Attempts + 1
-		if err := recordEvent(ctx, tx, op.OperationID, EventRetryByOperator, attempt, ""); err != nil {
+		if err := recordEventBy(ctx, tx, op.OperationID, EventRetryByOperator, attempt, "", actor); err != nil {
 			return err
 		}
 		// The failed batch's waiting row (if its settlement kept one) is dead: the
@@ -441,7 +500,7 @@ func (s *Store) OperationRetry(ctx context.Context, operationID string) (Operati
 			WHERE operation_id = ? AND batch_id IS NOT NULL`, op.OperationID); err != nil {
 			return err
 		}
-		if err := admitTx(ctx, tx, op.OperationID, op.Repo, attempt, "retry"); err != nil {
+		if err := admitTxBy(ctx, tx, op.OperationID, op.Repo, attempt, "retry", actor); err != nil {
 			return err
 		}
 		out, err = operationByID(ctx, tx, operationID, false)
@@ -542,9 +601,10 @@ func (s *Store) BindingExpire(ctx context.Context, b Binding, operationID string
 		}
 		// Operation first (lock order); the guarded binding write decides, and a loser
 		// rolls the operation row back with it.
+		// Requested by batcherd itself and approved with the grant: recorded as auto.
 		if _, err := tx.ExecContext(ctx, `INSERT INTO operation
-			(operation_id, subject, target, repo, action, status) VALUES (?, ?, ?, ?, ?, ?)`,
-			operationID, b.Subject, b.Target, b.Repo, ActionRevoke, OpQueued); err != nil {
+			(operation_id, subject, target, repo, action, status, requested_by, approved_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+			operationID, b.Subject, b.Target, b.Repo, ActionRevoke, OpQueued, SystemActor, AutoApprover); err != nil {
 			return err
 		}
 		res, err := tx.ExecContext(ctx, `UPDATE binding SET status = ?, operation_id = ?,
@@ -604,14 +664,14 @@ func (s *Store) OperationEvents(ctx context.Context, operationID string) ([]Even
 		if n == 0 {
 			return ErrNotFound
 		}
-		if err := tx.SelectContext(ctx, &audit, `SELECT id, dedupe_key, operation_id, batch_id, code, detail, created_at
+		if err := tx.SelectContext(ctx, &audit, `SELECT id, dedupe_key, operation_id, batch_id, code, detail, actor, created_at
 			FROM audit_event WHERE operation_id = ? ORDER BY id LIMIT ?`, operationID, maxEvents); err != nil {
 			return err
 		}
 		return tx.SelectContext(ctx, &claims, `SELECT 0 AS id,
 				CONCAT('op:', operation_id, ':batch:', batch_id, ':claimed') AS dedupe_key,
 				operation_id, batch_id, '`+EventMemberClaimed+`' AS code,
-				CONCAT('claimed into batch ', batch_id, ': ', why) AS detail, created_at
+				CONCAT('claimed into batch ', batch_id, ': ', why) AS detail, '' AS actor, created_at
 			FROM merge_batch_member WHERE operation_id = ? ORDER BY created_at, batch_id LIMIT ?`, operationID, maxEvents)
 	})
 	if err != nil {
@@ -767,6 +827,25 @@ func guardBindingOwned(ctx context.Context, tx *sqlx.Tx, op Operation, b Binding
 	return nil
 }
 
+// setOperationStatusBy is setOperationStatus that also records a principal in column
+// (approved_by, rejected_by, withdrawn_by), in the same guarded write.
+func setOperationStatusBy(ctx context.Context, tx *sqlx.Tx, op Operation, to OpStatus, column, actor string) error {
+	switch column {
+	case "approved_by", "rejected_by", "withdrawn_by":
+	default:
+		return fmt.Errorf("store: %q is not a principal column", column)
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE operation SET status = ?, `+column+` = ?, version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
+		WHERE id = ? AND status = ? AND version = ?`, to, actor, op.ID, op.Status, op.Version)
+	if err != nil {
+		return err
+	}
+	if err := mustAffect(res, 1); err != nil {
+		return fmt.Errorf("%w: %w", ErrStale, err)
+	}
+	return nil
+}
+
 // setOperationStatus is the guarded operation write (status AND version, I6).
 func setOperationStatus(ctx context.Context, tx *sqlx.Tx, op Operation, to OpStatus) error {
 	res, err := tx.ExecContext(ctx, `UPDATE operation SET status = ?, version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
@@ -786,6 +865,11 @@ func setOperationStatus(ctx context.Context, tx *sqlx.Tx, op Operation, to OpSta
 // 1062 (whose shared lock would linger to the end of the transaction). attempt keeps
 // the admitted event of each retry distinct.
 func admitTx(ctx context.Context, tx *sqlx.Tx, operationID, repo string, attempt int, why string) error {
+	return admitTxBy(ctx, tx, operationID, repo, attempt, why, "")
+}
+
+// admitTxBy is admitTx whose admitted event names the principal that caused it.
+func admitTxBy(ctx context.Context, tx *sqlx.Tx, operationID, repo string, attempt int, why, actor string) error {
 	res, err := tx.ExecContext(ctx, `INSERT INTO merge_batch_request (operation_id, repo) VALUES (?, ?)
 		ON DUPLICATE KEY UPDATE id = id`, operationID, repo)
 	if err != nil {
@@ -794,17 +878,22 @@ func admitTx(ctx context.Context, tx *sqlx.Tx, operationID, repo string, attempt
 	if n, _ := res.RowsAffected(); n == 0 {
 		return nil // already admitted
 	}
-	return recordEvent(ctx, tx, operationID, EventAdmitted, attempt, why)
+	return recordEventBy(ctx, tx, operationID, EventAdmitted, attempt, why, actor)
 }
 
 // recordEvent appends an operation event whose dedupe key is derived from the
 // operation, the code and the attempt, so re-recording it is a no-op.
 func recordEvent(ctx context.Context, tx *sqlx.Tx, operationID, code string, attempt int, detail string) error {
+	return recordEventBy(ctx, tx, operationID, code, attempt, detail, "")
+}
+
+// recordEventBy is recordEvent naming the principal that caused the event.
+func recordEventBy(ctx context.Context, tx *sqlx.Tx, operationID, code string, attempt int, detail, actor string) error {
 	key := "op:" + operationID + ":" + code
 	if attempt > 0 {
 		key += ":" + itoa(int64(attempt))
 	}
-	_, err := insertEvent(ctx, tx, Event{DedupeKey: key, OperationID: &operationID, Code: code, Detail: detail})
+	_, err := insertEvent(ctx, tx, Event{DedupeKey: key, OperationID: &operationID, Code: code, Detail: detail, Actor: actor})
 	return err
 }
 
@@ -812,9 +901,9 @@ func insertEvent(ctx context.Context, tx *sqlx.Tx, e Event) (bool, error) {
 	if len(e.Detail) > 2048 {
 		e.Detail = truncateUTF8(e.Detail, 2048)
 	}
-	res, err := tx.ExecContext(ctx, `INSERT INTO audit_event (dedupe_key, operation_id, batch_id, code, detail)
-		VALUES (?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE id = id`,
-		e.DedupeKey, e.OperationID, e.BatchID, e.Code, e.Detail)
+	res, err := tx.ExecContext(ctx, `INSERT INTO audit_event (dedupe_key, operation_id, batch_id, code, detail, actor)
+		VALUES (?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE id = id`,
+		e.DedupeKey, e.OperationID, e.BatchID, e.Code, e.Detail, e.Actor)
 	if err != nil {
 		return false, err
 	}

@@ -56,6 +56,9 @@ var (
 	// ErrStale: an approval/rejection/retry for an operation that no longer owns its
 	// binding or whose state moved on (HTTP 409 stale).
 	ErrStale = errors.New("stale")
+	// ErrSelfApproval: four eyes — the principal that requested an operation tried to
+	// approve it (HTTP 403 self_approval). Nothing was changed.
+	ErrSelfApproval = errors.New("self-approval refused")
 	// ErrIdempotencyKeyReused: the key was first used with a different request (HTTP 422).
 	ErrIdempotencyKeyReused = errors.New("idempotency key reused with a different request")
 	// ErrBatchPublishing: a batch without a recorded MR is under a live publish

@@ -59,11 +59,13 @@ var (
 
 // Event is one append-only audit/explanation row.
 type Event struct {
-	ID          int64     `db:"id"`
-	DedupeKey   string    `db:"dedupe_key"`
-	OperationID *string   `db:"operation_id"`
-	BatchID     *int64    `db:"batch_id"`
-	Code        string    `db:"code"`
-	Detail      string    `db:"detail"`
-	CreatedAt   time.Time `db:"created_at"`
+	ID          int64   `db:"id"`
+	DedupeKey   string  `db:"dedupe_key"`
+	OperationID *string `db:"operation_id"`
+	BatchID     *int64  `db:"batch_id"`
+	Code        string  `db:"code"`
+	Detail      string  `db:"detail"`
+	// Actor is the principal that caused the event ("" for batcherd's own loops).
+	Actor     string    `db:"actor"`
+	CreatedAt time.Time `db:"created_at"`
 }

@@ -24,8 +24,12 @@ type Operation struct {
 	MRURL     *string `json:"mr_url"`
 	Error     *Error  `json:"error"`
 	ExpiresAt *string `json:"expires_at"`
-	CreatedAt string  `json:"created_at"`
-	UpdatedAt string  `json:"updated_at"`
+	// Principals: who applied and who approved ("auto" when BATCHERD_AUTO_APPROVE or
+	// expiry did); null when nobody is recorded.
+	RequestedBy *string `json:"requested_by"`
+	ApprovedBy  *string `json:"approved_by"`
+	CreatedAt   string  `json:"created_at"`
+	UpdatedAt   string  `json:"updated_at"`
 }
 
 // Binding is a binding object.
@@ -63,11 +67,13 @@ type Batch struct {
 
 // Event is one entry of an operation's event log.
 type Event struct {
-	ID        int64  `json:"id"`
-	Code      string `json:"code"`
-	Detail    string `json:"detail"`
-	BatchID   *int64 `json:"batch_id"`
-	CreatedAt string `json:"created_at"`
+	ID      int64  `json:"id"`
+	Code    string `json:"code"`
+	Detail  string `json:"detail"`
+	BatchID *int64 `json:"batch_id"`
+	// Actor is the principal that caused the event; null for batcherd's own loops.
+	Actor     *string `json:"actor"`
+	CreatedAt string  `json:"created_at"`
 }
 
 // RoundResult is the answer of POST /v1/admin/rounds.
