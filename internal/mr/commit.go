@@ -200,17 +200,40 @@ func applyExisting(files []FileAction, existing map[string]bool) {
 	}
 }
 
-// commitMessage appends the trailers as the message's last paragraph.
+// commitMessage appends the trailers as the message's last paragraph. When the
+// message already ends with a paragraph of trailers (the scanner's principals), batcherd's
+// join it: git reads trailers from the last paragraph only.
 func commitMessage(message string, batchID int64, chunk, chunks int) string {
 	var b strings.Builder
-	b.WriteString(strings.TrimRight(message, " \t\r\n"))
-	b.WriteString("\n\n")
+	message = strings.TrimRight(message, " \t\r\n")
+	b.WriteString(message)
+	if endsWithTrailers(message) {
+		b.WriteString("\n")
+	} else {
+		b.WriteString("\n\n")
+	}
 	fmt.Fprintf(&b, "%s: %d", CommitTrailer, batchID)
 	if chunks > 1 {
 		fmt.Fprintf(&b, "\n%s: %d/%d", ChunkTrailer, chunk, chunks)
 	}
 	b.WriteString("\n")
 	return b.String()
+}
+
+// endsWithTrailers reports whether the message's last paragraph (after a first one)
+// consists of "Key: value" lines, Key a git trailer token (letters, digits, '-').
+func endsWithTrailers(message string) bool {
+	i := strings.LastIndex(message, "\n\n")
+	if i < 0 {
+		return false
+	}
+	for line := range strings.SplitSeq(message[i+2:], "\n") {
+		key, _, ok := strings.Cut(line, ": ")
+		if !ok || key == "" || strings.TrimLeft(key, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-") != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // batchTrailers reads the batch id and chunk k/n (0/0 when absent) of a commit, from

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -383,24 +384,74 @@ func mrTitle(b store.Batch, members []store.Operation) string {
 	return fmt.Sprintf("batcherd: batch %d for %s (%d operations)", b.ID, b.Repo, len(members))
 }
 
+// maxPrincipalTrailers bounds the principals a batch commit names per trailer key: a
+// batch may have thousands of members, and the MR description carries every member's
+// requester and approver anyway.
+const maxPrincipalTrailers = 20
+
+// commitMessage is the batch commit's message: a summary line and, as git trailers,
+// the distinct principals that requested and approved its members
+// ("Batcherd-Requested-By: alice", "Batcherd-Approved-By: bob"; sorted, at most
+// maxPrincipalTrailers each, then "Batcherd-Principals-Omitted: <n>"). The mr layer
+// appends its own trailers (Batcherd-Batch, …) to the same paragraph.
 func commitMessage(b store.Batch, members []store.Operation) string {
-	return fmt.Sprintf("batcherd: batch %d (%d operations)", b.ID, len(members))
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "batcherd: batch %d (%d operations)\n\n", b.ID, len(members))
+	requested, approved := map[string]bool{}, map[string]bool{}
+	for _, op := range members {
+		if op.RequestedBy != "" {
+			requested[mr.TrailerValue(op.RequestedBy)] = true
+		}
+		if op.ApprovedBy != "" {
+			approved[mr.TrailerValue(op.ApprovedBy)] = true
+		}
+	}
+	omitted := 0
+	for _, t := range []struct {
+		key   string
+		names map[string]bool
+	}{{"Batcherd-Requested-By", requested}, {"Batcherd-Approved-By", approved}} {
+		names := slices.Sorted(maps.Keys(t.names))
+		if len(names) > maxPrincipalTrailers {
+			omitted += len(names) - maxPrincipalTrailers
+			names = names[:maxPrincipalTrailers]
+		}
+		for _, n := range names {
+			fmt.Fprintf(&sb, "%s: %s\n", t.key, n)
+		}
+	}
+	if omitted > 0 {
+		fmt.Fprintf(&sb, "Batcherd-Principals-Omitted: %d\n", omitted)
+	}
+	return sb.String()
 }
 
 // mrDescription lists the batch id and every operation id (a contract: README, "Files
-// written to the repository"), with
-// why the round exists and why each member is in it (first try, retry, half k of a
-// bisection at depth d).
+// written to the repository"), with who requested and who approved each, why the round
+// exists and why each member is in it (first try, retry, half k of a bisection at
+// depth d). Text from requests (subject, target, principal names) goes through
+// mr.MarkdownLiteral, so it cannot become Markdown, a mention, a reference or a closing
+// keyword.
 func mrDescription(b store.Batch, members []store.Operation, why map[string]string) string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "Batch %d for `%s`, opened by batcherd.\n\n", b.ID, b.Repo)
 	fmt.Fprintf(&sb, "batch_id: %d\n\nRound: %s\n\nOperations (%d):\n\n", b.ID, roundWhy(b), len(members))
 	for _, op := range members {
-		fmt.Fprintf(&sb, "- %s %s `%s` → `%s`", op.OperationID, op.Action, op.Subject, op.Target)
+		fmt.Fprintf(&sb, "- %s %s %s → %s", op.OperationID, op.Action, mr.MarkdownLiteral(op.Subject), mr.MarkdownLiteral(op.Target))
+		fmt.Fprintf(&sb, " — requested by %s, approved by %s", principalMD(op.RequestedBy), principalMD(op.ApprovedBy))
 		if w := why[op.OperationID]; w != "" {
 			fmt.Fprintf(&sb, " — %s", w)
 		}
 		sb.WriteString("\n")
 	}
 	return sb.String()
+}
+
+// principalMD is a principal's name for the MR description ("nobody recorded" for an
+// operation from before principals were recorded).
+func principalMD(name string) string {
+	if name == "" {
+		return "(not recorded)"
+	}
+	return mr.MarkdownLiteral(name)
 }
