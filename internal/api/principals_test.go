@@ -3,16 +3,20 @@ package api
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	jose "github.com/go-jose/go-jose/v4"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/batcherd/batcherd/internal/auth"
 	"github.com/batcherd/batcherd/internal/auth/authtest"
+	"github.com/batcherd/batcherd/internal/store/storetest"
 )
 
 // Principal tokens through the HTTP API: named and bare entries, admin and API lists,
@@ -390,5 +394,86 @@ func TestInsecureNoAuthRecordsAnonymousHTTP(t *testing.T) {
 	c := e.createAs("", "u1", "db/prod", "")
 	if c.status != 201 || c.op()["requested_by"] != "anonymous" {
 		t.Fatalf("create without auth: %d %s", c.status, c.raw)
+	}
+}
+
+// syncBuffer is a log sink safe for the server's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Secrets stay secret: whatever is sent and however it is refused, neither the answer
+// nor the log (at debug) carries a token; the log names principals.
+func TestTokensNeverLoggedHTTP(t *testing.T) {
+	iss := authtest.NewIssuer(t, "app-1")
+	st, _ := storetest.New(t)
+	var logs syncBuffer
+	log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	toks, err := auth.ParseTokens(auth.TokenList{Var: "BATCHERD_API_TOKENS", Entries: []string{"alice=" + aliceToken, "bob=" + bobToken}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := auth.NewOIDC(context.Background(), auth.OIDCConfig{Issuer: iss.URL, Audience: iss.Audience,
+		HTTPClient: &http.Client{Timeout: 5 * time.Second}, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Auth: auth.New(toks, o), Repos: []string{repoA}}, Deps{Store: st, Registry: prometheus.NewRegistry(), Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	e := &env{t: t, st: st, srv: srv, api: s}
+
+	expired := iss.Claims("carol")
+	expired["exp"] = time.Now().Add(-time.Minute).Unix()
+	wrongAud := iss.Claims("carol")
+	wrongAud["aud"] = "x"
+	secrets := []string{
+		aliceToken, bobToken, "wrong-" + aliceToken, aliceToken[:len(aliceToken)-1],
+		iss.Token(expired), iss.Token(wrongAud), authtest.Unsigned(t, "k", iss.Claims("carol")),
+		iss.Token(iss.Claims("carol")),
+	}
+	var answers strings.Builder
+	for _, tok := range secrets {
+		for _, path := range []string{"/v1/bindings", "/v1/admin/rounds"} {
+			r := e.do(req{method: "POST", path: path, token: tok, body: "{}"})
+			answers.Write(r.raw)
+		}
+	}
+	c := e.createAs(aliceToken, "u1", "db/prod", "")
+	id, _ := c.op()["id"].(string)
+	answers.Write(e.post("/v1/operations/"+id+"/approve", aliceToken).raw)
+	answers.Write(e.post("/v1/operations/"+id+"/approve", bobToken).raw)
+
+	for _, tok := range secrets {
+		for _, part := range []string{tok, strings.Split(tok, ".")[0]} {
+			if len(part) < 8 {
+				continue
+			}
+			if strings.Contains(logs.String(), part) {
+				t.Errorf("the log carries a credential (%d bytes)", len(part))
+			}
+			if strings.Contains(answers.String(), part) {
+				t.Errorf("an answer carries a credential (%d bytes)", len(part))
+			}
+		}
+	}
+	if !strings.Contains(answers.String(), "alice") {
+		t.Errorf("answers name no principal: %s", answers.String())
 	}
 }
