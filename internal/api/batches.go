@@ -131,7 +131,8 @@ func (s *Server) handleAdminSettle(w http.ResponseWriter, r *http.Request) error
 	if s.settler == nil {
 		return errf(http.StatusServiceUnavailable, codeUnavailable, "settlement is not available on this server")
 	}
-	b, err := s.settler.SettleBatch(r.Context(), id)
+	// The members' manual_settle events name the operator (their actor).
+	b, err := s.settler.SettleBatch(store.WithActor(r.Context(), principal(r).Name), id)
 	if err != nil {
 		return notFoundAs(err, "batch %d not found", id)
 	}

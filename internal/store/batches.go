@@ -617,8 +617,8 @@ func recordBatchEvents(ctx context.Context, tx *sqlx.Tx, batchID int64, batchCod
 // recordBatchEvent appends the batch-level event of a transition (INSERT IGNORE).
 func recordBatchEvent(ctx context.Context, tx *sqlx.Tx, batchID int64, code, verb, detail string) error {
 	_, err := tx.ExecContext(ctx,
-		`INSERT IGNORE INTO audit_event (dedupe_key, batch_id, code, detail) VALUES (?, ?, ?, ?)`,
-		fmt.Sprintf("batch:%d:%s", batchID, verb), batchID, code, truncRunes(detail, auditDetailLen))
+		`INSERT IGNORE INTO audit_event (dedupe_key, batch_id, code, detail, actor) VALUES (?, ?, ?, ?, ?)`,
+		fmt.Sprintf("batch:%d:%s", batchID, verb), batchID, code, truncRunes(detail, auditDetailLen), actorOf(ctx))
 	return err
 }
 
@@ -631,16 +631,17 @@ type memberEvent struct {
 // insertMemberEvents appends member events set-based: multi-row INSERT IGNORE, one
 // statement per chunk, never one per member.
 func insertMemberEvents(ctx context.Context, tx *sqlx.Tx, batchID int64, evs []memberEvent) error {
-	const perRow = 5
+	const perRow = 6
+	actor := actorOf(ctx)
 	return forChunks(len(evs), maxInPlaceholders/perRow, func(lo, hi int) error {
 		args := make([]any, 0, perRow*(hi-lo))
 		for _, e := range evs[lo:hi] {
 			args = append(args, fmt.Sprintf("op:%s:batch:%d:%s", e.op, batchID, e.verb), e.op, batchID, e.code,
-				truncRunes(e.detail, auditDetailLen))
+				truncRunes(e.detail, auditDetailLen), actor)
 		}
 		_, err := tx.ExecContext(ctx,
-			"INSERT IGNORE INTO audit_event (dedupe_key, operation_id, batch_id, code, detail) VALUES "+
-				strings.TrimSuffix(strings.Repeat("(?,?,?,?,?),", hi-lo), ","), args...)
+			"INSERT IGNORE INTO audit_event (dedupe_key, operation_id, batch_id, code, detail, actor) VALUES "+
+				strings.TrimSuffix(strings.Repeat("(?,?,?,?,?,?),", hi-lo), ","), args...)
 		return err
 	})
 }

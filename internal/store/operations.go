@@ -948,3 +948,18 @@ func (s *Store) BatchOperationIDs(ctx context.Context, batchIDs []int64) (map[in
 	}
 	return out, nil
 }
+
+type actorKey struct{}
+
+// WithActor returns ctx carrying the principal on whose behalf the batch side's store
+// methods record events (an operator's settle reaches the store through the scanner,
+// whose methods take no principal). Methods that take an actor argument ignore it.
+func WithActor(ctx context.Context, name string) context.Context {
+	return context.WithValue(ctx, actorKey{}, name)
+}
+
+// actorOf is the principal WithActor put in ctx ("" for batcherd's own loops).
+func actorOf(ctx context.Context) string {
+	s, _ := ctx.Value(actorKey{}).(string)
+	return s
+}
