@@ -431,7 +431,7 @@ func TestTokensNeverLoggedHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Auth: auth.New(toks, o), Repos: []string{repoA}}, Deps{Store: st, Registry: prometheus.NewRegistry(), Log: log})
+	s, err := New(Config{Auth: auth.New(toks, o), Repos: []string{repoA}, LogRequests: true}, Deps{Store: st, Registry: prometheus.NewRegistry(), Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -475,5 +475,11 @@ func TestTokensNeverLoggedHTTP(t *testing.T) {
 	}
 	if !strings.Contains(answers.String(), "alice") {
 		t.Errorf("answers name no principal: %s", answers.String())
+	}
+	// The request log names the principal of each request it could establish.
+	for _, want := range []string{`"principal":"alice"`, `"principal":"bob"`, `"principal":"carol"`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the request log lacks %s", want)
+		}
 	}
 }

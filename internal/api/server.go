@@ -266,16 +266,17 @@ func (s *Server) wrap(rt route) http.Handler {
 			}
 		}()
 		p, aerr := s.authorize(r, rt.auth)
-		if aerr != nil {
-			writeError(w, aerr)
-			return
-		}
 		if p.Name != "" {
-			// The request log line names the principal (never its credential).
+			// The request log line names the principal (never its credential), also
+			// when it is refused the route (403).
 			if rec, ok := w.(*statusRecorder); ok {
 				rec.principal = p.Name
 			}
 			r = r.WithContext(withPrincipal(r.Context(), p))
+		}
+		if aerr != nil {
+			writeError(w, aerr)
+			return
 		}
 		if err := rt.handler(w, r); err != nil {
 			ae := s.toAPIError(err)

@@ -35,7 +35,7 @@ func TestServePrincipalsEndToEnd(t *testing.T) {
 		"BATCHERD_OIDC_ISSUER": iss.URL, "BATCHERD_OIDC_AUDIENCE": "batcherd-app",
 		"BATCHERD_OIDC_USERNAME_CLAIM": "nickname", "BATCHERD_OIDC_GROUPS_CLAIM": "groups_direct",
 		"BATCHERD_OIDC_ADMIN_GROUPS": "platform/admins",
-		"BATCHERD_AUTO_APPROVE": "true", "BATCHERD_MERGE_MODE": "manual",
+		"BATCHERD_AUTO_APPROVE":      "true", "BATCHERD_MERGE_MODE": "manual",
 		"BATCHERD_CLAIM_SCHEDULE": "@every 1s", "BATCHERD_RECONCILE_INTERVAL": "200ms", "BATCHERD_SHUTDOWN_TIMEOUT": "5s",
 	}))
 	if err != nil {
