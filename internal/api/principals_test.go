@@ -44,7 +44,7 @@ func principalEnv(t *testing.T, iss *authtest.Issuer, mut func(*Config)) *env {
 	if iss != nil {
 		o, err = auth.NewOIDC(context.Background(), auth.OIDCConfig{
 			Issuer: iss.URL, Audience: iss.Audience, AdminGroups: []string{"platform/admins"},
-			HTTPClient: &http.Client{Timeout: 5 * time.Second}, RetryEvery: time.Millisecond,
+			HTTPClient: &http.Client{Timeout: 5 * time.Second}, RetryEvery: time.Millisecond, RefetchEvery: -1,
 		})
 		if err != nil {
 			t.Fatal(err)

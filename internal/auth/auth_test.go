@@ -3,6 +3,7 @@ package auth_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -81,7 +82,7 @@ func newOIDC(t *testing.T, iss *authtest.Issuer, mut func(*auth.OIDCConfig)) *au
 		t.Fatal(err)
 	}
 	cfg := auth.OIDCConfig{Issuer: iss.URL, Audience: iss.Audience, AdminGroups: []string{"platform/admins"},
-		HTTPClient: &http.Client{Timeout: 5 * time.Second}, RetryEvery: time.Millisecond}
+		HTTPClient: &http.Client{Timeout: 5 * time.Second}, RetryEvery: time.Millisecond, RefetchEvery: -1}
 	if mut != nil {
 		mut(&cfg)
 	}
@@ -209,5 +210,32 @@ func TestOIDCClaims(t *testing.T) {
 	c["nickname"] = "line\nbreak"
 	if _, err := a.Authenticate(ctx, iss.Token(c)); !errors.Is(err, auth.ErrUnauthenticated) {
 		t.Fatalf("a name with a control character: %v", err)
+	}
+}
+
+// Made-up key ids cannot make batcherd fetch the issuer's keys more than once per
+// RefetchEvery; a token of a key rotated in meanwhile is accepted once it has passed.
+func TestOIDCKeyRefetchIsBounded(t *testing.T) {
+	ctx := context.Background()
+	iss := authtest.NewIssuer(t, "app-123")
+	a := newOIDC(t, iss, func(c *auth.OIDCConfig) { c.RefetchEvery = 300 * time.Millisecond })
+	if _, err := a.Authenticate(ctx, iss.Token(iss.Claims("carol"))); err != nil {
+		t.Fatal(err) // the first fetch
+	}
+	before := iss.JWKSFetches.Load()
+	for i := 0; i < 20; i++ {
+		tok := authtest.Sign(t, authtest.NewKey(t, fmt.Sprintf("made-up-%d", i), jose.ES256), iss.Claims("carol"))
+		if _, err := a.Authenticate(ctx, tok); !errors.Is(err, auth.ErrUnauthenticated) {
+			t.Fatalf("made-up kid %d: %v", i, err)
+		}
+	}
+	if n := iss.JWKSFetches.Load() - before; n > 1 {
+		t.Fatalf("20 made-up key ids made %d key fetches, want at most 1", n)
+	}
+	iss.Rotate(jose.RS256)
+	tok := iss.Token(iss.Claims("carol"))
+	time.Sleep(350 * time.Millisecond)
+	if p, err := a.Authenticate(ctx, tok); err != nil || p.Name != "carol" {
+		t.Fatalf("rotated key after the interval: %+v %v", p, err)
 	}
 }

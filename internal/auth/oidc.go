@@ -48,6 +48,12 @@ type OIDCConfig struct {
 	// unreachable (default 10 s), so a stream of tokens does not become a stream of
 	// requests to a dead issuer.
 	RetryEvery time.Duration
+	// RefetchEvery is the least time between two fetches of the issuer's keys (default
+	// 5 s; negative: no limit). go-oidc fetches them again for every token naming a key
+	// id it does not hold, so without a bound anyone could make batcherd hammer the
+	// issuer with made-up key ids. A token signed with a freshly rotated key within
+	// this time of another fetch is refused (401) and accepted on a retry.
+	RefetchEvery time.Duration
 }
 
 // OIDC verifies bearer JWTs of one issuer. Discovery (the issuer's
@@ -83,6 +89,19 @@ func NewOIDC(ctx context.Context, cfg OIDCConfig) (*OIDC, error) {
 	}
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Timeout: 10 * time.Second}
+	}
+	if cfg.RefetchEvery == 0 {
+		cfg.RefetchEvery = 5 * time.Second
+	}
+	if cfg.RefetchEvery > 0 {
+		c := *cfg.HTTPClient
+		base := c.Transport
+		if base == nil {
+			base = http.DefaultTransport
+		}
+		c.Transport = &throttle{base: base, every: cfg.RefetchEvery,
+			discovery: strings.TrimSuffix(cfg.Issuer, "/") + "/.well-known/openid-configuration"}
+		cfg.HTTPClient = &c
 	}
 	if cfg.RetryEvery <= 0 {
 		cfg.RetryEvery = 10 * time.Second
@@ -199,4 +218,32 @@ func claimString(v any) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// errThrottled answers a key fetch asked for too soon after the previous one.
+var errThrottled = errors.New("the issuer's keys were fetched moments ago; not again yet")
+
+// throttle lets at most one request other than discovery (the key set's fetches)
+// through per interval; discovery has its own bound (RetryEvery).
+type throttle struct {
+	base      http.RoundTripper
+	every     time.Duration
+	discovery string
+
+	mu   sync.Mutex
+	last time.Time
+}
+
+func (t *throttle) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.String() != t.discovery {
+		t.mu.Lock()
+		now := time.Now()
+		if !t.last.IsZero() && now.Sub(t.last) < t.every {
+			t.mu.Unlock()
+			return nil, errThrottled
+		}
+		t.last = now
+		t.mu.Unlock()
+	}
+	return t.base.RoundTrip(r)
 }
