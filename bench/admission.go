@@ -169,6 +169,7 @@ func AdmissionParams(repo, subject string) store.OperationCreateParams {
 	return store.OperationCreateParams{
 		OperationID: uuid.NewString(), Subject: subject, Target: "db/bench", Repo: repo, Action: store.ActionGrant,
 		AutoApprove: true, IdempotencyKey: "k-" + subject, Fingerprint: fmt.Sprintf("%064d", 0), IdempotencyTTL: time.Hour,
+		RequestedBy: "bench-requester",
 	}
 }
 
