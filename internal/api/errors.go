@@ -95,8 +95,23 @@ func (s *Server) toAPIError(err error) *apiError {
 	case errors.Is(err, store.ErrLostRace):
 		return wrap(http.StatusConflict, codeConflict, "a concurrent request changed this resource; read it again")
 	case errors.Is(err, store.ErrCommitUnknown):
-		return wrap(http.StatusServiceUnavailable, codeUnavailable,
-			"the database connection broke during commit; read the resource to learn the outcome")
+		// The store re-read an application with an Idempotency-Key before answering
+		// this; a retry with the same key is answered with the same operation, and one
+		// without a key is refused (409 binding_busy) if the first was written.
+		a := wrap(http.StatusServiceUnavailable, codeUnavailable,
+			"the database connection broke during commit, so the change may or may not have been made: read the resource (or GET /v1/bindings for an application) before retrying; a retry with the same Idempotency-Key is answered with the same operation")
+		a.header = [2]string{"Retry-After", "1"}
+		return a
+	case errors.Is(err, store.ErrNotPrimary):
+		a := wrap(http.StatusServiceUnavailable, codeUnavailable,
+			"the database node is not in the primary component of its cluster (failover in progress); nothing was changed; retry")
+		a.header = [2]string{"Retry-After", "1"}
+		return a
+	case errors.Is(err, store.ErrUnavailable):
+		a := wrap(http.StatusServiceUnavailable, codeUnavailable,
+			"the database connection broke before commit (failover in progress?); nothing was changed; retry")
+		a.header = [2]string{"Retry-After", "1"}
+		return a
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return wrap(http.StatusServiceUnavailable, codeUnavailable, "request cancelled or timed out")
 	case errors.Is(err, store.ErrBatchPublishing):

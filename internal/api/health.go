@@ -30,6 +30,12 @@ func (s *Server) handleReadyz(w http.ResponseWriter, r *http.Request) error {
 	// The answer is public (probes carry no token): what it says must not hand out the
 	// database user, host or address a driver error names. The log has the cause.
 	if err := s.st.Ping(ctx); err != nil {
+		if errors.Is(err, store.ErrNotPrimary) {
+			// A Galera node that lost its cluster: it answers pings, and nothing else.
+			s.log.Warn("not ready: database node not in the primary component", "err", err)
+			writeError(w, errf(http.StatusServiceUnavailable, "not_ready", "database node not in the primary component (Galera); retry elsewhere"))
+			return nil
+		}
 		s.log.Warn("not ready: database unreachable", "err", err)
 		writeError(w, errf(http.StatusServiceUnavailable, "not_ready", "database unreachable; the replica's log has the cause"))
 		return nil

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -463,6 +464,18 @@ func (n *GaleraNode) Kill() error {
 	}
 	n.g.logfn("galera: kill -9 %s (pid %d)", n.Name, p.Pid())
 	return p.Kill()
+}
+
+// Signal sends sig to the node's mariadbd: SIGSTOP freezes it (to the others it is as
+// gone as behind a network partition, without losing anything), SIGCONT lets it go on.
+func (n *GaleraNode) Signal(sig syscall.Signal) error {
+	n.mu.Lock()
+	p := n.proc
+	n.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	return p.Signal(sig)
 }
 
 // Stop shuts the node down with SIGTERM.

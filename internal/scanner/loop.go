@@ -142,6 +142,10 @@ func errClass(err error) string {
 	switch {
 	case errors.Is(err, store.ErrCommitUnknown):
 		return "db_commit_unknown"
+	case errors.Is(err, store.ErrNotPrimary):
+		return "db_not_primary"
+	case errors.Is(err, store.ErrUnavailable):
+		return "db_unavailable"
 	case store.IsDBError(err):
 		return "db"
 	case errors.Is(err, context.DeadlineExceeded):

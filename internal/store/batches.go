@@ -212,8 +212,13 @@ func micros(d time.Duration) int64 {
 
 // exec1 runs one autocommit statement. A single statement outside BEGIN/COMMIT is its own
 // transaction, and on the hottest paths (admission) it saves two round trips.
+//
+// A connection lost during it leaves the outcome unknown, as at a COMMIT.
 func (s *Store) exec1(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	res, err := s.db.ExecContext(ctx, query, args...)
+	if err != nil && isConnLost(err) {
+		return res, commitError(ctx, err)
+	}
 	return res, translate(err)
 }
 

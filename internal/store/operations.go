@@ -121,8 +121,22 @@ var errIdemSeen = errors.New("idempotency key already stored")
 // admit_group.go); each caller gets the answer its own transaction would have given,
 // and whatever a group cannot answer exactly runs through operationCreateSerial.
 // SetAdmitOptions selects another mode for measurements.
+//
+// When the COMMIT's answer was lost (ErrCommitUnknown) and the request carries an
+// Idempotency-Key, the key is read again before anything else: found, the operation it
+// names is the answer (as for a retry with the key); not found, the outcome stays
+// unknown (on a Galera cluster the node that answers now may not have applied the
+// write yet) and the caller retries with the same key. Without a key the caller gets
+// ErrCommitUnknown; a retry cannot make a second operation, since the first one holds
+// the binding (ErrBindingBusy).
 func (s *Store) OperationCreate(ctx context.Context, p OperationCreateParams) (op Operation, created bool, err error) {
-	return s.admit(ctx, p)
+	op, created, err = s.admit(ctx, p)
+	if errors.Is(err, ErrCommitUnknown) && p.IdempotencyKey != "" {
+		if o, rerr := s.idempotencyAnswer(ctx, p.RequestedBy, p.IdempotencyKey, p.Fingerprint); rerr == nil {
+			return o, false, nil
+		}
+	}
+	return op, created, err
 }
 
 // operationCreateSerial is the per-request admission: one transaction for one request,

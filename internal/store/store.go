@@ -10,8 +10,12 @@
 //     is never ambiguous), and the affected-row count is checked (I6).
 //   - A duplicate key is an answer, not an error (I4, idempotency, audit).
 //   - MySQL errors are translated in one place, translate: 1062 → ErrDuplicate,
-//     1213/1020/1205 → ErrLostRace, no rows → ErrNotFound, a connection lost during
-//     COMMIT → ErrCommitUnknown (the caller re-reads by key and version before deciding).
+//     1213/1020/1205 → ErrLostRace (on Galera also a certification failure, at COMMIT
+//     or at any later statement), no rows → ErrNotFound, 1047/1180 → ErrNotPrimary (a
+//     Galera node outside the primary component), a connection lost during COMMIT or
+//     an autocommit write → ErrCommitUnknown (the caller re-reads by key and version
+//     before deciding), a connection lost before COMMIT → ErrUnavailable (the server
+//     rolled the transaction back).
 //   - All times come from the database clock (CURRENT_TIMESTAMP(6)), never the replica's.
 package store
 
@@ -24,6 +28,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -43,9 +48,19 @@ var (
 	// ErrDuplicate: a unique key already holds this value. Methods turn it into the
 	// answer it means; it escapes only where the caller must decide.
 	ErrDuplicate = errors.New("duplicate key")
-	// ErrCommitUnknown: the connection broke during COMMIT; the transaction may or may
-	// not have committed. Re-read by key and version before retrying.
+	// ErrCommitUnknown: the connection broke during COMMIT (or during a write that was
+	// its own transaction); it may or may not have committed — measured on Galera: a
+	// writer killed under load had committed INSERTs whose clients got "invalid
+	// connection". Re-read by key and version before retrying.
 	ErrCommitUnknown = errors.New("commit outcome unknown: connection lost during COMMIT")
+	// ErrNotPrimary: the database node is not in the primary component of its Galera
+	// cluster (1047, or 1180 at COMMIT): it refuses reads and writes until it rejoins.
+	// Retry: behind a primary-aware proxy the next connection reaches a node that is.
+	ErrNotPrimary = errors.New("database node not in the primary component")
+	// ErrUnavailable: the connection to the database broke before COMMIT (a server or
+	// node killed, a failover, a proxy that cut it); the server rolled the transaction
+	// back, so nothing of it was written. Retry.
+	ErrUnavailable = errors.New("database unavailable: connection lost, nothing committed")
 	// ErrBindingBusy: the relation has an application in flight, or is failed and
 	// awaiting recovery; a new application is refused (HTTP 409).
 	ErrBindingBusy = errors.New("binding busy")
@@ -79,6 +94,11 @@ const (
 	errLockNoWait       = 3572 // MySQL 8: NOWAIT met a lock (MariaDB answers 1205)
 	errRecordChangedRR  = 1020 // innodb_snapshot_isolation (MariaDB 11.6.2+) under REPEATABLE READ
 	errAccessDeniedUser = 1698
+	// Galera: a node outside the primary component answers 1047 (ER_UNKNOWN_COM_ERROR,
+	// "WSREP has not yet prepared node for application use") to reads and writes, and
+	// 1180 (ER_ERROR_DURING_COMMIT) to a commit in flight when it lost the component.
+	errNotPrimaryCom     = 1047
+	errErrorDuringCommit = 1180
 )
 
 // storeErrors counts MySQL errors by number; registered by Collectors.
@@ -197,8 +217,51 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 	return &Store{db: db}, nil
 }
 
-// Ping checks the database is reachable (readiness).
-func (s *Store) Ping(ctx context.Context) error { return s.db.PingContext(ctx) }
+// Ping checks the database is reachable and, on a Galera node, that the node is in the
+// primary component, synced and ready (readiness): such a node still answers a ping
+// and SELECT 1, but 1047 to every table. ErrNotPrimary names what it said. Servers
+// without wsrep show none of these variables.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.db.PingContext(ctx); err != nil {
+		return translate(err)
+	}
+	st := map[string]string{}
+	// A MariaDB built with wsrep shows the status variables with wsrep off too
+	// (Disconnected, OFF): wsrep_on says whether they mean anything.
+	for _, q := range []string{"SHOW GLOBAL VARIABLES WHERE Variable_name = 'wsrep_on'",
+		"SHOW GLOBAL STATUS WHERE Variable_name IN ('wsrep_ready', 'wsrep_cluster_status', 'wsrep_local_state_comment')"} {
+		rows, err := s.db.QueryContext(ctx, q)
+		if err != nil {
+			return translate(err)
+		}
+		for rows.Next() {
+			var k, v string
+			if err := rows.Scan(&k, &v); err != nil {
+				rows.Close()
+				return translate(err)
+			}
+			st[strings.ToLower(k)] = v
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return translate(err)
+		}
+		if st["wsrep_on"] != "ON" {
+			return nil // no Galera: nothing more to ask
+		}
+	}
+	return wsrepReady(st)
+}
+
+// wsrepReady judges a Galera node's wsrep status variables: nil when it may serve.
+func wsrepReady(st map[string]string) error {
+	ready, hasReady := st["wsrep_ready"]
+	cluster, hasCluster := st["wsrep_cluster_status"]
+	if (!hasReady || ready == "ON") && (!hasCluster || cluster == "Primary" || cluster == "") {
+		return nil
+	}
+	return fmt.Errorf("%w (wsrep_cluster_status=%s, wsrep_ready=%s, state %s)", ErrNotPrimary, cluster, ready, st["wsrep_local_state_comment"])
+}
 
 // withTx runs fn in one transaction at the given isolation level and translates the
 // result. It is the only place transactions begin and end.
@@ -214,13 +277,26 @@ func (s *Store) withTx(ctx context.Context, iso sql.IsolationLevel, fn func(tx *
 		return translate(txDone(ctx, err))
 	}
 	if err := tx.Commit(); err != nil {
-		if isConnLost(err) {
-			storeErrors.WithLabelValues("commit_unknown").Inc()
-			return fmt.Errorf("%w: %v", ErrCommitUnknown, err)
-		}
-		return translate(txDone(ctx, err))
+		return commitError(ctx, err)
 	}
 	return nil
+}
+
+// commitError translates an error of COMMIT itself. A lost connection leaves the
+// outcome unknown; so does 1180 on Galera, where the node lost the primary component
+// while the commit was in flight and the others may have certified the write set.
+func commitError(ctx context.Context, err error) error {
+	var me *mysql.MySQLError
+	switch {
+	case isConnLost(err):
+		storeErrors.WithLabelValues("commit_unknown").Inc()
+		return fmt.Errorf("%w: %v", ErrCommitUnknown, err)
+	case errors.As(err, &me) && me.Number == errErrorDuringCommit:
+		storeErrors.WithLabelValues(strconv.Itoa(int(me.Number))).Inc()
+		storeErrors.WithLabelValues("commit_unknown").Inc()
+		return fmt.Errorf("%w (%w: mysql %d: %s)", ErrCommitUnknown, ErrNotPrimary, me.Number, me.Message)
+	}
+	return translate(txDone(ctx, err))
 }
 
 // txDone reports sql.ErrTxDone as the context's error once the context has ended.
@@ -242,7 +318,8 @@ func translate(err error) error {
 		return nil
 	}
 	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrLostRace) || errors.Is(err, ErrDuplicate) ||
-		errors.Is(err, ErrCommitUnknown) || errors.Is(err, errRollback) {
+		errors.Is(err, ErrCommitUnknown) || errors.Is(err, errRollback) ||
+		errors.Is(err, ErrNotPrimary) || errors.Is(err, ErrUnavailable) {
 		return err
 	}
 	if errors.Is(err, sql.ErrNoRows) {
@@ -256,8 +333,16 @@ func translate(err error) error {
 			return fmt.Errorf("%w: %s", ErrDuplicate, me.Message)
 		case errLockDeadlock, errRecordChangedRR, errLockWaitTimeout:
 			return fmt.Errorf("%w (mysql %d: %s)", ErrLostRace, me.Number, me.Message)
+		case errNotPrimaryCom, errErrorDuringCommit:
+			return fmt.Errorf("%w (mysql %d: %s)", ErrNotPrimary, me.Number, me.Message)
 		}
 		return err
+	}
+	if isConnLost(err) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		// Not at COMMIT (withTx and exec1 read those first): the server ends the
+		// transaction of a lost connection with a rollback.
+		storeErrors.WithLabelValues("conn_lost").Inc()
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 		storeErrors.WithLabelValues("0").Inc()

@@ -20,11 +20,14 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/google/uuid"
 
 	"github.com/batcherd/batcherd/internal/harness"
+	"github.com/batcherd/batcherd/internal/store"
 )
 
 // haRun is what an HA run measures.
@@ -61,6 +64,7 @@ type haKill struct {
 	FirstErr   time.Duration // kill → the probe's first failed write
 	ProbeErr   string
 	NewWriter  string
+	NonPrimary time.Duration // partition: freeze → the node says non-Primary
 	RejoinTook time.Duration
 	RejoinedBy string
 }
@@ -175,6 +179,128 @@ func (r *run) haKills(ctx context.Context) {
 		}
 		r.killWriter(ctx, k.kind, k.arm)
 	}
+	if ctx.Err() == nil {
+		r.partition(ctx)
+	}
+}
+
+// partition isolates the writer for a while: the two other nodes are frozen
+// (SIGSTOP), so to the writer they are gone, and alone it is no longer a primary
+// component. What a node there answers is what batcherd must read as "not in the
+// primary component": the store is asked directly on it (HAProxy marks it DOWN at
+// once, so through HAProxy clients see no server at all). Then the others go on
+// (SIGCONT) and the three form the primary component again by themselves.
+func (r *run) partition(ctx context.Context) {
+	k := &haKill{Kind: "partition"}
+	var w *harness.GaleraNode
+	if err := retry(ctx, 60*time.Second, func() (err error) { w, err = r.gal.Writer(ctx); return err }); err != nil {
+		r.violation("HA: no writer reachable through HAProxy before the partition: %v", err)
+		return
+	}
+	k.Node = w.Name
+	var frozen []string
+	k.At = time.Now()
+	for _, n := range r.gal.Nodes {
+		if n != w {
+			_ = n.Signal(syscall.SIGSTOP)
+			frozen = append(frozen, n.Name)
+		}
+	}
+	r.ha.mu.Lock()
+	r.ha.kills = append(r.ha.kills, k)
+	r.ha.mu.Unlock()
+	r.logf("HA: SIGSTOP %s: %s is alone", strings.Join(frozen, ", "), w.Name)
+	thaw := func() {
+		for _, n := range r.gal.Nodes {
+			if n != w {
+				_ = n.Signal(syscall.SIGCONT)
+			}
+		}
+	}
+	defer thaw()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if st, err := w.Status(ctx); err == nil && st.ClusterStatus != "Primary" {
+			k.NonPrimary = time.Since(k.At)
+			break
+		}
+		sleep(ctx, 100*time.Millisecond)
+	}
+	if k.NonPrimary == 0 {
+		r.violation("HA: %s stayed in the primary component for 30s with both other nodes frozen", w.Name)
+		return
+	}
+	r.logf("HA: %s out of the primary component %s after the freeze", w.Name, k.NonPrimary.Round(time.Millisecond))
+	k.InFlight = r.askIsolated(ctx, w)
+	sleep(ctx, 3*time.Second)
+
+	thaw()
+	t0 := time.Now()
+	if err := retry(ctx, 90*time.Second, func() error {
+		for _, n := range r.gal.Nodes {
+			st, err := n.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if !st.Healthy() {
+				return fmt.Errorf("%s: %s", n.Name, st)
+			}
+		}
+		return nil
+	}); err != nil {
+		r.violation("HA: the cluster did not heal within 90s of SIGCONT: %v", err)
+		return
+	}
+	r.ha.mu.Lock()
+	k.RejoinTook, k.RejoinedBy = time.Since(t0), "merging back (SIGCONT)"
+	r.ha.mu.Unlock()
+	r.logf("HA: SIGCONT %s: the primary component is back on three nodes after %s", strings.Join(frozen, ", "), k.RejoinTook.Round(100*time.Millisecond))
+	deadline = time.Now().Add(60 * time.Second)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		if back, first, ferr, ok := r.probeAfter(k.At); ok {
+			r.ha.mu.Lock()
+			k.WritesBack, k.FirstErr, k.ProbeErr = back, first, ferr
+			r.ha.mu.Unlock()
+			break
+		}
+		sleep(ctx, 50*time.Millisecond)
+	}
+	if nw, err := r.gal.Writer(ctx); err == nil {
+		k.NewWriter = nw.Name
+	}
+	sleep(ctx, 5*time.Second)
+}
+
+// askIsolated asks batcherd's store, directly on the isolated node, to ping (what
+// /readyz runs) and to admit an application: both must answer ErrNotPrimary, and
+// nothing may be written.
+func (r *run) askIsolated(ctx context.Context, w *harness.GaleraNode) string {
+	cfg, _ := mysql.ParseDSN(w.DSN())
+	cfg.DBName = r.c.DBName
+	qctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	st, err := store.Open(qctx, cfg.FormatDSN(), store.Options{MaxOpenConns: 2, DialTimeout: 2 * time.Second, IOTimeout: 5 * time.Second})
+	if err != nil {
+		r.violation("HA: opening the store on isolated %s: %v", w.Name, err)
+		return ""
+	}
+	defer st.Close()
+	pingErr := st.Ping(qctx)
+	_, _, createErr := st.OperationCreate(qctx, store.OperationCreateParams{OperationID: uuid.NewString(),
+		Subject: "isolated-node-probe", Target: "ha/none", Repo: repos[0], Action: store.ActionGrant})
+	for what, err := range map[string]error{"Ping (/readyz)": pingErr, "OperationCreate": createErr} {
+		if !errors.Is(err, store.ErrNotPrimary) {
+			r.violation("HA: store on isolated %s: %s answered %v, want ErrNotPrimary", w.Name, what, err)
+		}
+	}
+	return fmt.Sprintf("the store on %s: Ping → %q; OperationCreate → %q", w.Name, shortStoreErr(pingErr), shortStoreErr(createErr))
+}
+
+func shortStoreErr(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	return truncateText(err.Error(), 110)
 }
 
 // killWriter kills the node HAProxy sends writes to — when arm is set, at the moment
@@ -496,7 +622,12 @@ func (r *run) haSummary(ctx context.Context) string {
 	}
 	p("probe             %d writes through HAProxy every 50 ms: %d ok, %d failed", oks+fails, oks, fails)
 	for i, k := range r.ha.kills {
-		p("kill %d (%s)      kill -9 %s at +%.1fs%s", i+1, k.Kind, k.Node, k.At.Sub(r.start).Seconds(), inflight(k))
+		if k.Kind == "partition" {
+			p("partition         %s alone (the other two SIGSTOPped) at +%.1fs: out of the primary component after %s; %s",
+				k.Node, k.At.Sub(r.start).Seconds(), k.NonPrimary.Round(time.Millisecond), k.InFlight)
+		} else {
+			p("kill %d (%s)  kill -9 %s at +%.1fs%s", i+1, k.Kind, k.Node, k.At.Sub(r.start).Seconds(), inflight(k))
+		}
 		if k.WritesBack.IsZero() {
 			p("  writes          NOT BACK")
 			continue
@@ -511,6 +642,10 @@ func (r *run) haSummary(ctx context.Context) string {
 		lo, hi := k.At.Add(-500*time.Millisecond), k.WritesBack.Add(3*time.Second)
 		p("  clients         POST /v1/operations sent in the window: %s", r.answersIn(lo, hi))
 		p("  /readyz         %s", r.readyIn(lo, hi))
+		if k.Kind == "partition" {
+			p("  healed          %s after SIGCONT", k.RejoinTook.Round(100*time.Millisecond))
+			continue
+		}
 		p("  rejoin          %s by %s in %s", k.Node, k.RejoinedBy, k.RejoinTook.Round(100*time.Millisecond))
 	}
 	var codes []string
