@@ -74,9 +74,11 @@ type OIDC struct {
 	now      func() time.Time
 }
 
-// NewOIDC checks the configuration and tries discovery once. An unreachable issuer is
-// a warning in the log, not an error: admission must not depend on the issuer being up
-// at the moment a replica starts, and static tokens keep working meanwhile.
+// NewOIDC checks the configuration and starts discovery in the background (an issuer
+// that does not answer must not hold up a replica's start by the client's timeout). An
+// unreachable issuer is a warning in the log, not an error: admission must not depend
+// on the issuer being up at the moment a replica starts, and static tokens keep working
+// meanwhile. Tokens arriving while discovery runs wait for it.
 func NewOIDC(ctx context.Context, cfg OIDCConfig) (*OIDC, error) {
 	if cfg.Issuer == "" || cfg.Audience == "" {
 		return nil, errors.New("OIDC needs an issuer and an audience")
@@ -111,9 +113,13 @@ func NewOIDC(ctx context.Context, cfg OIDCConfig) (*OIDC, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	o := &OIDC{cfg: cfg, log: log.With("component", "oidc", "issuer", cfg.Issuer), now: time.Now}
-	if _, err := o.getVerifier(ctx); err != nil {
-		o.log.Warn("the OIDC issuer could not be reached; OIDC tokens are refused until it can be (static tokens work meanwhile)", "err", err)
-	}
+	o.mu.Lock() // held until the first discovery ends: early tokens wait for it
+	go func() {
+		defer o.mu.Unlock()
+		if _, err := o.discoverLocked(); err != nil {
+			o.log.Warn("the OIDC issuer could not be reached; OIDC tokens are refused until it can be (static tokens work meanwhile)", "err", err)
+		}
+	}()
 	return o, nil
 }
 
@@ -122,6 +128,11 @@ func NewOIDC(ctx context.Context, cfg OIDCConfig) (*OIDC, error) {
 func (o *OIDC) getVerifier(ctx context.Context) (*oidc.IDTokenVerifier, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	return o.discoverLocked()
+}
+
+// discoverLocked is getVerifier with o.mu held.
+func (o *OIDC) discoverLocked() (*oidc.IDTokenVerifier, error) {
 	if o.verifier != nil {
 		return o.verifier, nil
 	}
@@ -131,7 +142,7 @@ func (o *OIDC) getVerifier(ctx context.Context) (*oidc.IDTokenVerifier, error) {
 	o.lastTry = o.now()
 	// Discovery is bounded by the client's timeout, not the request's context: the
 	// answer serves every later request too.
-	dctx := oidc.ClientContext(context.WithoutCancel(ctx), o.cfg.HTTPClient)
+	dctx := oidc.ClientContext(context.Background(), o.cfg.HTTPClient)
 	p, err := oidc.NewProvider(dctx, o.cfg.Issuer)
 	if err != nil {
 		o.lastErr = fmt.Errorf("OIDC discovery at %s: %w", o.cfg.Issuer, err)
