@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/store"
 )
@@ -85,5 +86,36 @@ func TestPublishNamesPrincipals(t *testing.T) {
 	}
 	if strings.Contains(last, "approver-20") {
 		t.Errorf("more approvers than the bound:\n%s", msg)
+	}
+}
+
+// A batch of the largest size with the longest names still gets a description GitLab
+// takes (under its 1,048,576-character limit) that names every operation id with its
+// requester and approver.
+func TestMRDescriptionBounded(t *testing.T) {
+	long := strings.Repeat("ü", 255)
+	var members []store.Operation
+	for i := 0; i < 5000; i++ {
+		members = append(members, store.Operation{
+			OperationID: uuid.NewString(), Action: store.ActionGrant, Subject: long, Target: long,
+			RequestedBy: fmt.Sprintf("%s-%04d", strings.Repeat("r", 120), i%50), ApprovedBy: strings.Repeat("a", 128),
+		})
+	}
+	desc := mrDescription(store.Batch{ID: 7, Repo: repo}, members, nil)
+	if n := len([]rune(desc)); n > 1_048_576 || len(desc) > maxDescription+64<<10 {
+		t.Fatalf("description of %d characters (%d bytes)", n, len(desc))
+	}
+	for _, op := range members {
+		if !strings.Contains(desc, op.OperationID) {
+			t.Fatalf("operation %s missing", op.OperationID)
+		}
+	}
+	if !strings.Contains(desc, "approved by `"+strings.Repeat("a", 32)+"…`") || !strings.Contains(desc, "requested by `"+strings.Repeat("r", 32)+"…`") {
+		t.Fatalf("compact form lacks the principals: %.600s", desc)
+	}
+	// A small batch keeps the full form.
+	small := mrDescription(store.Batch{ID: 8, Repo: repo}, members[:3], nil)
+	if strings.Contains(small, "compactly") || !strings.Contains(small, mr.MarkdownLiteral(long)) {
+		t.Fatalf("small batch: %.300s", small)
 	}
 }

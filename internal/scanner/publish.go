@@ -432,26 +432,60 @@ func commitMessage(b store.Batch, members []store.Operation) string {
 // depth d). Text from requests (subject, target, principal names) goes through
 // mr.MarkdownLiteral, so it cannot become Markdown, a mention, a reference or a closing
 // keyword.
+//
+// GitLab refuses a description over 1,048,576 characters. A batch of thousands of
+// members with long names would pass that, so past maxDescription bytes the members are
+// listed compactly instead: grouped by (requester, approver), names cut to 32
+// characters, each group's operation ids on one line — every id and who requested and
+// approved it, with the full record a GET /v1/operations/{id} away.
 func mrDescription(b store.Batch, members []store.Operation, why map[string]string) string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "Batch %d for `%s`, opened by batcherd.\n\n", b.ID, b.Repo)
 	fmt.Fprintf(&sb, "batch_id: %d\n\nRound: %s\n\nOperations (%d):\n\n", b.ID, roundWhy(b), len(members))
+	head := sb.Len()
 	for _, op := range members {
 		fmt.Fprintf(&sb, "- %s %s %s → %s", op.OperationID, op.Action, mr.MarkdownLiteral(op.Subject), mr.MarkdownLiteral(op.Target))
-		fmt.Fprintf(&sb, " — requested by %s, approved by %s", principalMD(op.RequestedBy), principalMD(op.ApprovedBy))
+		fmt.Fprintf(&sb, " — requested by %s, approved by %s", principalMD(op.RequestedBy, 0), principalMD(op.ApprovedBy, 0))
 		if w := why[op.OperationID]; w != "" {
 			fmt.Fprintf(&sb, " — %s", w)
 		}
 		sb.WriteString("\n")
 	}
+	if sb.Len() <= maxDescription {
+		return sb.String()
+	}
+	full := sb.String()
+	sb.Reset()
+	sb.WriteString(full[:head])
+	sb.WriteString("(Listed compactly: the full list would exceed GitLab's description limit. Names are cut to 32 characters.)\n\n")
+	type pair struct{ requested, approved string }
+	groups := map[pair][]string{}
+	var order []pair
+	for _, op := range members {
+		k := pair{op.RequestedBy, op.ApprovedBy}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], op.OperationID)
+	}
+	for _, k := range order {
+		fmt.Fprintf(&sb, "- requested by %s, approved by %s: %s\n", principalMD(k.requested, 32), principalMD(k.approved, 32), strings.Join(groups[k], " "))
+	}
 	return sb.String()
 }
 
-// principalMD is a principal's name for the MR description ("nobody recorded" for an
-// operation from before principals were recorded).
-func principalMD(name string) string {
+// maxDescription is the MR description size past which it is listed compactly, with
+// room under GitLab's 1,048,576-character limit (bytes are at least characters).
+const maxDescription = 1_000_000
+
+// principalMD is a principal's name for the MR description, cut to cut characters when
+// cut > 0 ("(not recorded)" for an operation from before principals were recorded).
+func principalMD(name string, cut int) string {
 	if name == "" {
 		return "(not recorded)"
+	}
+	if r := []rune(name); cut > 0 && len(r) > cut {
+		name = string(r[:cut]) + "…"
 	}
 	return mr.MarkdownLiteral(name)
 }
