@@ -298,6 +298,12 @@ func (s *Store) BatchClaimFollowUp(ctx context.Context, repo string, max int) (C
 	return s.claim(ctx, repo, max, true)
 }
 
+// claim is BatchClaim's transaction, step by step: take the slot (takeSlot), read the
+// group of the oldest waiting row (readClaimGroup), guarded claim of its waiting rows
+// (claimRequests, I2), operations queued → in_batch (claimOperations), member history
+// (insertMembers), then the batch row and its event (finishClaimedBatch). Any step's
+// "no" rolls everything back with its outcome; claimAnswer maps the transaction's end
+// to the caller's answer.
 func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool) (ClaimResult, error) {
 	if max < 1 {
 		return ClaimResult{}, fmt.Errorf("store: BatchClaim max must be at least 1, got %d", max)
@@ -310,10 +316,10 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 	// READ COMMITTED, not the server's REPEATABLE READ: when the claim takes every waiting
 	// row the optimizer may scan the whole index for the guarded UPDATE, and under
 	// REPEATABLE READ that leaves next-key locks on the waiting range and the gap at its
-	// end, so admissions wait until the claim commits (DESIGN §7, I3). READ COMMITTED
-	// takes no gap locks and releases non-matching rows at once. Correctness does not
-	// need a snapshot here: the slot keeps other claimants out, and the guarded UPDATE's
-	// affected-row check catches any row claimed elsewhere (I2).
+	// end, so admissions wait until the claim commits (I3; docs/ARCHITECTURE.md). READ
+	// COMMITTED takes no gap locks and releases non-matching rows at once. Correctness
+	// does not need a snapshot here: the slot keeps other claimants out, and the guarded
+	// UPDATE's affected-row check catches any row claimed elsewhere (I2).
 	err := s.withTx(ctx, sql.LevelReadCommitted, func(tx *sqlx.Tx) error {
 		batchID, err := takeSlot(ctx, tx, repo, noWait)
 		if err != nil {
@@ -324,31 +330,12 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 			return err
 		}
 		slotTaken = true
-
-		// The claim takes one group: the group of the oldest waiting row. The ordinary
-		// queue is group ""; a failed batch's retry or bisection halves are their own
-		// groups, and their rows keep their created_at, so they come before anything
-		// admitted after them (bystanders keep their queue position).
-		// No FOR UPDATE: a locking read would put next-key locks where admissions insert.
-		var grp string
-		if err := tx.GetContext(ctx, &grp, qClaimHead, repo); err != nil {
-			if errors.Is(err, sql.ErrNoRows) {
-				res.Outcome = ClaimNothingToClaim
-				return errRollback
-			}
+		grp, rows, outcome, err := readClaimGroup(ctx, tx, repo, max, groupsOnly)
+		if err != nil {
 			return err
 		}
-		if groupsOnly && grp == "" {
-			res.Outcome = ClaimNothingToClaim
-			return errRollback
-		}
-		var rows []waitingRow
-		if err := tx.SelectContext(ctx, &rows, qClaimRead, repo, grp, max); err != nil {
-			return err
-		}
-		if len(rows) == 0 {
-			// Committing would leave a memberless RUNNING batch holding the slot.
-			res.Outcome = ClaimNothingToClaim
+		if outcome != "" {
+			res.Outcome = outcome
 			return errRollback
 		}
 		reqIDs := make([]int64, len(rows))
@@ -358,137 +345,190 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 			reqIDs[i], opIDs[i] = w.ID, w.OperationID
 			why[w.OperationID] = w.why()
 		}
-		head := rows[0]
 		if s.Hooks != nil && s.Hooks.ClaimAfterRead != nil {
 			s.Hooks.ClaimAfterRead(ctx, batchID, slices.Clone(reqIDs))
 		}
-
-		// I2: claim only rows still unclaimed; any shortfall means another transaction
-		// got some of them between our read and this write, so nothing is kept. The
-		// charged-attempt counter moves with the claim, except for bisection rounds
-		// (a bisection narrows down someone else's failure; MAX_ATTEMPTS does not pay it).
-		sortedReq := slices.Clone(reqIDs)
-		slices.Sort(sortedReq)
-		var claimed int64
-		if err := forChunks(len(sortedReq), maxInPlaceholders, func(lo, hi int) error {
-			args := make([]any, 0, hi-lo+1)
-			args = append(args, batchID)
-			for _, id := range sortedReq[lo:hi] {
-				args = append(args, id)
-			}
-			r, err := tx.ExecContext(ctx,
-				"UPDATE merge_batch_request SET batch_id = ?, tries = tries + (kind <> '"+KindBisect+"') WHERE batch_id IS NULL AND id IN ("+
-					inPlaceholders(hi-lo)+")", args...)
-			if err != nil {
-				return err
-			}
-			n, err := r.RowsAffected()
-			claimed += n
-			return err
-		}); err != nil {
+		// I2 and the all-or-nothing rule: any shortfall means another transaction got
+		// some of the rows between our read and these writes, so nothing is kept.
+		claimed, err := claimRequests(ctx, tx, batchID, reqIDs)
+		if err != nil {
 			return err
 		}
 		if claimed != int64(len(rows)) {
 			res.Outcome = ClaimPreempted
 			return errRollback
 		}
-
-		// Operations queued → in_batch, in key order. The same all-or-nothing rule holds:
-		// a member whose operation is not queued would be written to the repository
-		// without ever being settled.
 		sortedOps := slices.Clone(opIDs)
 		slices.Sort(sortedOps)
-		var moved int64
-		if err := forChunks(len(sortedOps), maxInPlaceholders, func(lo, hi int) error {
-			args := make([]any, 0, hi-lo+3)
-			args = append(args, OpInBatch, batchID)
-			for _, id := range sortedOps[lo:hi] {
-				args = append(args, id)
-			}
-			args = append(args, OpQueued)
-			r, err := tx.ExecContext(ctx,
-				`UPDATE operation SET status = ?, batch_id = ?, attempts = attempts + 1,
-				        version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
-				  WHERE operation_id IN (`+inPlaceholders(hi-lo)+`) AND status = ?`, args...)
-			if err != nil {
-				return err
-			}
-			n, err := r.RowsAffected()
-			moved += n
-			return err
-		}); err != nil {
+		moved, err := claimOperations(ctx, tx, batchID, sortedOps)
+		if err != nil {
 			return err
 		}
 		if moved != int64(len(rows)) {
 			res.Outcome = ClaimPreempted
 			return errRollback
 		}
-
-		// Member history with why each member is in this round, multi-row INSERTs
-		// (three placeholders per row).
-		if err := forChunks(len(sortedOps), maxInPlaceholders/3, func(lo, hi int) error {
-			args := make([]any, 0, 3*(hi-lo))
-			for _, id := range sortedOps[lo:hi] {
-				args = append(args, batchID, id, truncRunes(why[id], whyLen))
-			}
-			_, err := tx.ExecContext(ctx,
-				"INSERT INTO merge_batch_member (batch_id, operation_id, why) VALUES "+
-					strings.TrimSuffix(strings.Repeat("(?,?,?),", hi-lo), ","), args...)
-			return err
-		}); err != nil {
+		if err := insertMembers(ctx, tx, batchID, sortedOps, why); err != nil {
 			return err
 		}
-
-		// The batch row is still invisible to everyone else, so this write needs no
-		// version guard or bump. A group is uniform in kind, parent and depth.
-		kind := head.Kind
-		if grp == "" {
-			kind = KindFirstTry
-		}
-		r, err := tx.ExecContext(ctx,
-			"UPDATE merge_batch SET size = ?, source_branch = ?, kind = ?, grp = ?, parent_id = ?, depth = ? WHERE id = ?",
-			len(rows), BranchName(batchID), kind, grp, head.ParentID, head.Depth, batchID)
+		kind, err := finishClaimedBatch(ctx, tx, batchID, repo, grp, rows)
 		if err != nil {
 			return err
 		}
-		if err := mustAffect(r, 1); err != nil {
-			return err
-		}
-
-		round := "first try"
-		if grp != "" {
-			round = head.why()
-		}
-		// One batch event, and no per-member audit rows: each member's "claimed" fact is
-		// its merge_batch_member row above (batch, operation, why, time), which
-		// OperationEvents reads back as the member's claimed event. Writing it twice
-		// cost a claim of 1,000 about a fifth of its time (BENCHMARKS.md, section 3).
-		if err := recordBatchEvent(ctx, tx, batchID, EventBatchClaimed, "claimed",
-			fmt.Sprintf("claimed %d operation(s) of %s (%s)", len(rows), repo, round)); err != nil {
-			return err
-		}
-
 		if s.Hooks != nil && s.Hooks.ClaimAfterUpdate != nil {
 			s.Hooks.ClaimAfterUpdate(ctx, batchID)
 		}
 		res = ClaimResult{Outcome: ClaimClaimed, BatchID: batchID, OperationIDs: opIDs,
-			Group: grp, Kind: kind, ParentID: head.ParentID, Depth: head.Depth}
+			Group: grp, Kind: kind, ParentID: rows[0].ParentID, Depth: rows[0].Depth}
 		return nil
 	})
+	return claimAnswer(res, err, slotTaken)
+}
+
+// claimAnswer turns the end of a claim transaction into the caller's answer. None of
+// the outcomes is an error: a rollback by choice answers its outcome; losing a
+// deadlock or lock wait after the slot was ours (the server rolled everything back,
+// the slot included) is preempted, before it slot_occupied.
+func claimAnswer(res ClaimResult, err error, slotTaken bool) (ClaimResult, error) {
 	switch {
 	case err == nil:
 		return res, nil
 	case errors.Is(err, errRollback):
 		return ClaimResult{Outcome: res.Outcome}, nil
 	case errors.Is(err, ErrLostRace) && slotTaken:
-		// A deadlock or lock-wait victim after the slot was ours: the server rolled
-		// everything back, including the slot. Another transaction interfered; try again
-		// next round.
 		return ClaimResult{Outcome: ClaimPreempted}, nil
 	case errors.Is(err, ErrLostRace):
 		return ClaimResult{Outcome: ClaimSlotOccupied}, nil
 	}
 	return ClaimResult{}, err
+}
+
+// readClaimGroup reads the claim group of the oldest waiting row of repo and up to max
+// of its rows, oldest first; a non-empty outcome (nothing_to_claim) means there is
+// nothing for this claim. The ordinary queue is group ""; a failed batch's retry or
+// bisection halves are their own groups, and their rows keep their created_at, so they
+// come before anything admitted after them (bystanders keep their queue position).
+// No FOR UPDATE: a locking read would put next-key locks where admissions insert (I3).
+func readClaimGroup(ctx context.Context, tx *sqlx.Tx, repo string, max int, groupsOnly bool) (string, []waitingRow, ClaimOutcome, error) {
+	var grp string
+	if err := tx.GetContext(ctx, &grp, qClaimHead, repo); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return "", nil, ClaimNothingToClaim, nil
+		}
+		return "", nil, "", err
+	}
+	if groupsOnly && grp == "" {
+		return "", nil, ClaimNothingToClaim, nil
+	}
+	var rows []waitingRow
+	if err := tx.SelectContext(ctx, &rows, qClaimRead, repo, grp, max); err != nil {
+		return "", nil, "", err
+	}
+	if len(rows) == 0 {
+		// Committing would leave a memberless RUNNING batch holding the slot.
+		return "", nil, ClaimNothingToClaim, nil
+	}
+	return grp, rows, "", nil
+}
+
+// claimRequests is the guarded claim (I2): only rows still unclaimed, in key order. It
+// returns how many rows it claimed. The charged-attempt counter moves with the claim,
+// except for bisection rounds (a bisection narrows down someone else's failure;
+// MAX_ATTEMPTS does not pay it).
+func claimRequests(ctx context.Context, tx *sqlx.Tx, batchID int64, reqIDs []int64) (int64, error) {
+	sorted := slices.Clone(reqIDs)
+	slices.Sort(sorted)
+	var claimed int64
+	err := forChunks(len(sorted), maxInPlaceholders, func(lo, hi int) error {
+		args := make([]any, 0, hi-lo+1)
+		args = append(args, batchID)
+		for _, id := range sorted[lo:hi] {
+			args = append(args, id)
+		}
+		r, err := tx.ExecContext(ctx,
+			"UPDATE merge_batch_request SET batch_id = ?, tries = tries + (kind <> '"+KindBisect+"') WHERE batch_id IS NULL AND id IN ("+
+				inPlaceholders(hi-lo)+")", args...)
+		if err != nil {
+			return err
+		}
+		n, err := r.RowsAffected()
+		claimed += n
+		return err
+	})
+	return claimed, err
+}
+
+// claimOperations moves the members' operations queued → in_batch, in key order
+// (sortedOps), and returns how many moved. A member whose operation is not queued
+// would be written to the repository without ever being settled, so the caller keeps
+// nothing unless all moved.
+func claimOperations(ctx context.Context, tx *sqlx.Tx, batchID int64, sortedOps []string) (int64, error) {
+	var moved int64
+	err := forChunks(len(sortedOps), maxInPlaceholders, func(lo, hi int) error {
+		args := make([]any, 0, hi-lo+3)
+		args = append(args, OpInBatch, batchID)
+		for _, id := range sortedOps[lo:hi] {
+			args = append(args, id)
+		}
+		args = append(args, OpQueued)
+		r, err := tx.ExecContext(ctx,
+			`UPDATE operation SET status = ?, batch_id = ?, attempts = attempts + 1,
+			        version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
+			  WHERE operation_id IN (`+inPlaceholders(hi-lo)+`) AND status = ?`, args...)
+		if err != nil {
+			return err
+		}
+		n, err := r.RowsAffected()
+		moved += n
+		return err
+	})
+	return moved, err
+}
+
+// insertMembers appends the member history with why each member is in this round,
+// multi-row INSERTs (three placeholders per row).
+func insertMembers(ctx context.Context, tx *sqlx.Tx, batchID int64, sortedOps []string, why map[string]string) error {
+	return forChunks(len(sortedOps), maxInPlaceholders/3, func(lo, hi int) error {
+		args := make([]any, 0, 3*(hi-lo))
+		for _, id := range sortedOps[lo:hi] {
+			args = append(args, batchID, id, truncRunes(why[id], whyLen))
+		}
+		_, err := tx.ExecContext(ctx,
+			"INSERT INTO merge_batch_member (batch_id, operation_id, why) VALUES "+
+				strings.TrimSuffix(strings.Repeat("(?,?,?),", hi-lo), ","), args...)
+		return err
+	})
+}
+
+// finishClaimedBatch fills in the claimed batch's row and records its event; it
+// returns the batch's kind. The batch row is still invisible to everyone else, so this
+// write needs no version guard or bump. A group is uniform in kind, parent and depth,
+// so the head row (rows[0]) speaks for it.
+func finishClaimedBatch(ctx context.Context, tx *sqlx.Tx, batchID int64, repo, grp string, rows []waitingRow) (string, error) {
+	head := rows[0]
+	kind := head.Kind
+	if grp == "" {
+		kind = KindFirstTry
+	}
+	r, err := tx.ExecContext(ctx,
+		"UPDATE merge_batch SET size = ?, source_branch = ?, kind = ?, grp = ?, parent_id = ?, depth = ? WHERE id = ?",
+		len(rows), BranchName(batchID), kind, grp, head.ParentID, head.Depth, batchID)
+	if err != nil {
+		return "", err
+	}
+	if err := mustAffect(r, 1); err != nil {
+		return "", err
+	}
+	round := "first try"
+	if grp != "" {
+		round = head.why()
+	}
+	// One batch event, and no per-member audit rows: each member's "claimed" fact is its
+	// merge_batch_member row (batch, operation, why, time), which OperationEvents reads
+	// back as the member's claimed event. Writing it twice cost a claim of 1,000 about a
+	// fifth of its time (BENCHMARKS.md, section 3).
+	return kind, recordBatchEvent(ctx, tx, batchID, EventBatchClaimed, "claimed",
+		fmt.Sprintf("claimed %d operation(s) of %s (%s)", len(rows), repo, round))
 }
 
 // Taking a repository's slot, without queueing behind a holder.

@@ -146,108 +146,16 @@ func (s *Store) BatchSettleRequeue(ctx context.Context, id int64, from BatchStat
 		if err != nil {
 			return err
 		}
-
-		// Sort the locked members into requeue groups and failure reasons.
-		groups := map[string][]string{}
-		groupOf := map[string]MemberFate{}
-		type reason struct{ code, message string }
-		failures := map[reason][]settledOp{}
-		var failed []settledOp
-		for _, o := range ops {
-			f, ok := fates[o.OperationID]
-			switch {
-			case ok && f.Group != "":
-				groups[f.Group] = append(groups[f.Group], o.OperationID)
-				if _, seen := groupOf[f.Group]; !seen {
-					groupOf[f.Group] = f
-				}
-			default:
-				r := reason{code, message}
-				if ok && f.Code != "" {
-					r = reason{truncRunes(f.Code, errorCodeLen), truncRunes(f.Message, errorMessageLen)}
-				}
-				failures[r] = append(failures[r], o)
-				failed = append(failed, o)
-			}
-		}
-
-		names := make([]string, 0, len(groups))
-		for g := range groups {
-			names = append(names, g)
-		}
-		slices.Sort(names)
-		for _, g := range names {
-			ids, f := groups[g], groupOf[g]
-			if err := moveOps(ctx, tx, id, ids, OpInBatch, OpQueued, "", ""); err != nil {
-				return err
-			}
-			if err := requeueRows(ctx, tx, id, ids, f); err != nil {
-				return err
-			}
-		}
-
-		reasons := make([]reason, 0, len(failures))
-		for r := range failures {
-			reasons = append(reasons, r)
-		}
-		slices.SortFunc(reasons, func(a, b reason) int { return strings.Compare(a.code+"\x00"+a.message, b.code+"\x00"+b.message) })
-		for _, r := range reasons {
-			if err := moveOps(ctx, tx, id, opIDsOf(failures[r]), OpInBatch, OpFailed, r.code, r.message); err != nil {
-				return err
-			}
-		}
-		slices.SortFunc(failed, func(a, b settledOp) int { return strings.Compare(a.OperationID, b.OperationID) })
-		if err := moveBindings(ctx, tx, failed, BindingPending, BindingFailed, BindingRevoking, BindingActive); err != nil {
+		sp := sortFates(ops, fates, code, message)
+		if err := requeueGroups(ctx, tx, id, sp); err != nil {
 			return err
 		}
-		// What is left claimed by this batch are the failed members' rows (and strays):
-		// they go, so that an operator retry can admit the operation again (the waiting
-		// set is unique on operation_id). The member history keeps the record.
-		if _, err := tx.ExecContext(ctx, qDeleteBatchWaiting, id); err != nil {
+		if err := failMembers(ctx, tx, id, sp); err != nil {
 			return err
 		}
-
-		// Events.
-		nRequeued := len(ops) - len(failed)
-		batchDetail := fmt.Sprintf("%s: %s; %d of %d member(s): %d failed, %d requeued", code, message,
-			len(ops), len(members), len(failed), nRequeued)
-		for _, g := range names {
-			batchDetail += fmt.Sprintf("; group %s: %d", g, len(groups[g]))
-		}
-		if err := recordBatchEvent(ctx, tx, id, EventBatchFailed, "failed", batchDetail); err != nil {
+		if err := settleFailureEvents(ctx, tx, id, ops, len(members), sp, fates, code, message); err != nil {
 			return err
 		}
-		evs := make([]memberEvent, 0, 2*len(ops))
-		for _, o := range ops {
-			evs = append(evs, memberEvent{op: o.OperationID, code: EventMemberBatchFailed, verb: "failed",
-				detail: fmt.Sprintf("batch %d failed: %s: %s", id, code, message)})
-		}
-		for _, o := range ops {
-			f, ok := fates[o.OperationID]
-			ev, detail := f.Event, f.Detail
-			if !ok || f.Group == "" {
-				if ev == "" {
-					ev = EventMemberFailed
-				}
-				if detail == "" {
-					c, m := code, message
-					if ok && f.Code != "" {
-						c, m = f.Code, f.Message
-					}
-					detail = c + ": " + m
-				}
-			} else if ev == "" {
-				ev = "requeued"
-			}
-			if detail == "" {
-				detail = "requeued in group " + f.Group
-			}
-			evs = append(evs, memberEvent{op: o.OperationID, code: ev, verb: "outcome", detail: detail})
-		}
-		if err := insertMemberEvents(ctx, tx, id, evs); err != nil {
-			return err
-		}
-
 		if b, err = getBatch(ctx, tx, id); err != nil {
 			return err
 		}
@@ -255,6 +163,138 @@ func (s *Store) BatchSettleRequeue(ctx context.Context, id int64, from BatchStat
 		return nil
 	})
 	return b, err
+}
+
+// failReason is the error code and message a failed member is failed with.
+type failReason struct{ code, message string }
+
+// settlePlan is a failure plan sorted for writing: the requeue groups (names in order)
+// and the failed members by reason (reasons in order, failed by operation id).
+type settlePlan struct {
+	groups   map[string][]string   // group → operation ids, in lock order
+	groupOf  map[string]MemberFate // group → its first member's fate (a group is uniform)
+	names    []string
+	failures map[failReason][]settledOp
+	reasons  []failReason
+	failed   []settledOp
+}
+
+// sortFates sorts the locked members into requeue groups and failure reasons: a member
+// with a group is requeued in it; any other — failed by the plan, or one the plan does
+// not mention — fails with its own reason, or the batch's code and message.
+func sortFates(ops []settledOp, fates map[string]MemberFate, code, message string) settlePlan {
+	sp := settlePlan{groups: map[string][]string{}, groupOf: map[string]MemberFate{}, failures: map[failReason][]settledOp{}}
+	for _, o := range ops {
+		f, ok := fates[o.OperationID]
+		if ok && f.Group != "" {
+			sp.groups[f.Group] = append(sp.groups[f.Group], o.OperationID)
+			if _, seen := sp.groupOf[f.Group]; !seen {
+				sp.groupOf[f.Group] = f
+			}
+			continue
+		}
+		r := failReason{code, message}
+		if ok && f.Code != "" {
+			r = failReason{truncRunes(f.Code, errorCodeLen), truncRunes(f.Message, errorMessageLen)}
+		}
+		sp.failures[r] = append(sp.failures[r], o)
+		sp.failed = append(sp.failed, o)
+	}
+	for g := range sp.groups {
+		sp.names = append(sp.names, g)
+	}
+	slices.Sort(sp.names)
+	for r := range sp.failures {
+		sp.reasons = append(sp.reasons, r)
+	}
+	slices.SortFunc(sp.reasons, func(a, b failReason) int {
+		return strings.Compare(a.code+"\x00"+a.message, b.code+"\x00"+b.message)
+	})
+	slices.SortFunc(sp.failed, func(a, b settledOp) int { return strings.Compare(a.OperationID, b.OperationID) })
+	return sp
+}
+
+// requeueGroups is step 3: each group's operations in_batch → queued and their waiting
+// rows back in the waiting set with the group's columns.
+func requeueGroups(ctx context.Context, tx *sqlx.Tx, id int64, sp settlePlan) error {
+	for _, g := range sp.names {
+		ids, f := sp.groups[g], sp.groupOf[g]
+		if err := moveOps(ctx, tx, id, ids, OpInBatch, OpQueued, "", ""); err != nil {
+			return err
+		}
+		if err := requeueRows(ctx, tx, id, ids, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// failMembers is step 4: failed members in_batch → failed with their reason, their
+// bindings (a failed grant leaves no file: failed; a failed revoke leaves it: active),
+// then the waiting rows still claimed by this batch — the failed members' (and strays)
+// — deleted, so that an operator retry can admit the operation again (the waiting set
+// is unique on operation_id). The member history keeps the record.
+func failMembers(ctx context.Context, tx *sqlx.Tx, id int64, sp settlePlan) error {
+	for _, r := range sp.reasons {
+		if err := moveOps(ctx, tx, id, opIDsOf(sp.failures[r]), OpInBatch, OpFailed, r.code, r.message); err != nil {
+			return err
+		}
+	}
+	if err := moveBindings(ctx, tx, sp.failed, BindingPending, BindingFailed, BindingRevoking, BindingActive); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, qDeleteBatchWaiting, id)
+	return err
+}
+
+// settleFailureEvents is step 5: batch_failed for the batch and every member, then each
+// member's outcome event.
+func settleFailureEvents(ctx context.Context, tx *sqlx.Tx, id int64, ops []settledOp, nMembers int, sp settlePlan,
+	fates map[string]MemberFate, code, message string) error {
+	batchDetail := fmt.Sprintf("%s: %s; %d of %d member(s): %d failed, %d requeued", code, message,
+		len(ops), nMembers, len(sp.failed), len(ops)-len(sp.failed))
+	for _, g := range sp.names {
+		batchDetail += fmt.Sprintf("; group %s: %d", g, len(sp.groups[g]))
+	}
+	if err := recordBatchEvent(ctx, tx, id, EventBatchFailed, "failed", batchDetail); err != nil {
+		return err
+	}
+	evs := make([]memberEvent, 0, 2*len(ops))
+	for _, o := range ops {
+		evs = append(evs, memberEvent{op: o.OperationID, code: EventMemberBatchFailed, verb: "failed",
+			detail: fmt.Sprintf("batch %d failed: %s: %s", id, code, message)})
+	}
+	for _, o := range ops {
+		f, ok := fates[o.OperationID]
+		ev, detail := outcomeEvent(f, ok, code, message)
+		evs = append(evs, memberEvent{op: o.OperationID, code: ev, verb: "outcome", detail: detail})
+	}
+	return insertMemberEvents(ctx, tx, id, evs)
+}
+
+// outcomeEvent is a member's outcome event code and text: the plan's own when it gave
+// them; otherwise failed with the member's (or the batch's) reason, or requeued in its
+// group.
+func outcomeEvent(f MemberFate, inPlan bool, code, message string) (string, string) {
+	ev, detail := f.Event, f.Detail
+	if !inPlan || f.Group == "" {
+		if ev == "" {
+			ev = EventMemberFailed
+		}
+		if detail == "" {
+			c, m := code, message
+			if inPlan && f.Code != "" {
+				c, m = f.Code, f.Message
+			}
+			detail = c + ": " + m
+		}
+	} else if ev == "" {
+		ev = "requeued"
+	}
+	if detail == "" {
+		detail = "requeued in group " + f.Group
+	}
+	return ev, detail
 }
 
 // requeueRows puts the claimed waiting rows of ids back in the waiting set in group f,
