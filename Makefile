@@ -5,7 +5,7 @@ PKGS      ?= ./...
 # Tests use their own databases on this server (created and dropped per test package).
 export BATCHERD_TEST_DSN ?= batcherd:batcherd@tcp(127.0.0.1:3306)/
 
-.PHONY: help db test-deps openapi-lint test test-race test-short lint build bench demo run chaos ha clean
+.PHONY: help db test-deps openapi-lint gitlab-matrix test test-race test-short lint build bench demo run chaos ha clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -22,6 +22,9 @@ openapi-lint: ## validate api/openapi.yaml with an independent OpenAPI validator
 test: db test-deps openapi-lint ## the test command: bootstrap MariaDB, install test tools, lint api/openapi.yaml, go vet, go test -race
 	$(GO) vet $(PKGS)
 	BATCHERD_REQUIRE_TOOLS=1 $(GO) test -race -count=1 -timeout 12m $(PKGS)
+
+gitlab-matrix: db ## the scanner's end-to-end scenarios (publish → merge, failure isolation, crash resume) against every simulated GitLab version × merge method (9 cells; the suite runs 3)
+	BATCHERD_GITLAB_MATRIX=full $(GO) test -race -count=1 -run TestGitLabMatrix ./internal/scanner/
 
 test-race: test ## alias of test (the suite always runs under -race)
 

@@ -104,6 +104,7 @@ func New(ctx context.Context, cfg *config.Config, env Env) (*App, error) {
 		OnFailure:         scanner.FailureMode(cfg.OnFailure),
 		InfraRetries:      retriesOrNone(cfg.InfraRetries),
 		ConflictRetries:   retriesOrNone(cfg.ConflictRetries),
+		FlakeRetries:      retriesOrNone(cfg.FlakeRetries),
 		NoBisect:          !cfg.Bisect,
 		MaxAttempts:       cfg.MaxAttempts,
 	}

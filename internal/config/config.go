@@ -63,6 +63,7 @@ type Config struct {
 	OnFailure         string        `env:"ON_FAILURE, default=isolate" desc:"what a failed pipeline or a merge conflict does: isolate (classify, then retry, bisect or quarantine at once) or block (the batch stays blocked for an operator until BATCHERD_BATCH_TIMEOUT)"`
 	InfraRetries      int           `env:"INFRA_RETRIES, default=1" desc:"retries of the same members as one group, without bisection, after an infrastructure failure (runner, stuck, scheduler, API, canceled), a batch timeout or GitLab trouble; then they fail"`
 	ConflictRetries   int           `env:"CONFLICT_RETRIES, default=1" desc:"rebuilds on the new target head after a merge conflict (or a pipeline failure without a reason) before bisecting"`
+	FlakeRetries      int           `env:"FLAKE_RETRIES, default=1" desc:"in-place retries of the failed pipeline of a batch of one member (a test or unknown failure) before that member is named the culprit; 0 names it at once"`
 	Bisect            bool          `env:"BISECT, default=true" desc:"on a test failure (script_failure) split the batch into halves, recursively, until the culprit is alone (reason culprit); false fails every member"`
 	ShutdownTimeout   time.Duration `env:"SHUTDOWN_TIMEOUT, default=20s" desc:"graceful shutdown bound on SIGTERM"`
 	ReplicaID         string        `env:"REPLICA_ID" desc:"name of this replica in logs and metrics (default: hostname)"`
@@ -269,6 +270,9 @@ func (c *Config) validateFailurePolicy(p *problems) {
 	}
 	if c.ConflictRetries < 0 || c.ConflictRetries > 10 {
 		p.bad("CONFLICT_RETRIES", "must be between 0 and 10, got %d", c.ConflictRetries)
+	}
+	if c.FlakeRetries < 0 || c.FlakeRetries > 10 {
+		p.bad("FLAKE_RETRIES", "must be between 0 and 10, got %d", c.FlakeRetries)
 	}
 }
 

@@ -28,11 +28,15 @@ const (
 	ClassManual FailureClass = "manual_settle"
 	// ClassEmpty: the batch had no members left to publish (final).
 	ClassEmpty FailureClass = "empty_batch"
+	// ClassCIBlocked: the head pipeline was skipped or waits for a manual job, and the
+	// project does not count that as passed: it will not pass by itself, and nothing
+	// says a member is at fault (retry once, then fail; see failure_reasons.go).
+	ClassCIBlocked FailureClass = "ci_blocked"
 )
 
 // FailureClasses lists every class.
 var FailureClasses = []FailureClass{ClassTest, ClassInfra, ClassConflict, ClassUnknown, ClassClosedByUser,
-	ClassTimeout, ClassUnavailable, ClassMRMissing, ClassManual, ClassEmpty}
+	ClassTimeout, ClassUnavailable, ClassMRMissing, ClassManual, ClassEmpty, ClassCIBlocked}
 
 // Final reports whether a settlement for this class stands whatever GitLab shows
 // afterwards (a human closing the MR does not turn an operator's or an empty batch's
@@ -51,4 +55,6 @@ const (
 	BlockMergeConflict  = "merge_conflict"
 	BlockNeedRebase     = "need_rebase"
 	BlockHeadMoved      = "head_moved"
+	// BlockCIBlocked: the head pipeline was skipped or waits for a manual job.
+	BlockCIBlocked = "ci_blocked"
 )

@@ -13,7 +13,7 @@ import (
 // GitLab's answers differ by version, and the merge request's state has more to it than
 // opened/merged/closed: mergeability is computed in the background, fast-forward and
 // semi-linear projects need a rebase, and a failed pipeline can be retried in place.
-// This file holds the calls for those (docs/ARCHITECTURE.md, GitLab states).
+// This file holds the calls for those (README, GitLab states).
 
 // ServerVersion is what GET /version said ("17.11.4-ee" → 17, 11), zero when unknown.
 type ServerVersion struct {
@@ -147,22 +147,22 @@ func (c *Client) RetryPipeline(ctx context.Context, project string, pipelineID i
 	return pl.Status, err
 }
 
-// PipelineRetried reports whether any job of the pipeline was retried (GitLab lists a
-// retried job's earlier runs only with include_retried).
-func (c *Client) PipelineRetried(ctx context.Context, project string, pipelineID int64) (bool, error) {
-	count := func(withRetried bool) (int, error) {
-		opt := &gitlab.ListJobsOptions{ListOptions: gitlab.ListOptions{PerPage: 100}, IncludeRetried: gitlab.Ptr(withRetried)}
-		var jobs []glJob
-		err := c.raw(ctx, "list_jobs", http.MethodGet, projectPath(project, "pipelines", strconv.FormatInt(pipelineID, 10), "jobs"), opt, &jobs)
-		return len(jobs), err
+// PipelineRetries is how many times the pipeline's jobs were retried: the most runs of
+// any one job, less one (GitLab lists a retried job's earlier runs only with
+// include_retried). Zero for a pipeline never retried.
+func (c *Client) PipelineRetries(ctx context.Context, project string, pipelineID int64) (int, error) {
+	opt := &gitlab.ListJobsOptions{ListOptions: gitlab.ListOptions{PerPage: 100}, IncludeRetried: gitlab.Ptr(true)}
+	var jobs []struct {
+		Name string `json:"name"`
 	}
-	all, err := count(true)
-	if err != nil {
-		return false, err
+	if err := c.raw(ctx, "list_jobs", http.MethodGet, projectPath(project, "pipelines", strconv.FormatInt(pipelineID, 10), "jobs"), opt, &jobs); err != nil {
+		return 0, err
 	}
-	current, err := count(false)
-	if err != nil {
-		return false, err
+	runs := map[string]int{}
+	most := 0
+	for _, j := range jobs {
+		runs[j.Name]++
+		most = max(most, runs[j.Name])
 	}
-	return all > current, nil
+	return max(most-1, 0), nil
 }

@@ -126,14 +126,14 @@ func TestRetryPipelineInPlace(t *testing.T) {
 	m, _ := publish(t, c, 1, []mr.FileAction{grant("alice", "db")})
 	must0(sim.FailMRPipeline(proj, m.IID, "script_failure"))
 	got := must(c.GetMR(ctx(t), proj, m.IID))
-	if got.PipelineStatus != "failed" || must(c.PipelineRetried(ctx(t), proj, got.PipelineID)) {
+	if got.PipelineStatus != "failed" || must(c.PipelineRetries(ctx(t), proj, got.PipelineID)) != 0 {
 		t.Fatalf("before the retry: %+v", got)
 	}
 	if st := must(c.RetryPipeline(ctx(t), proj, got.PipelineID)); st != "running" {
 		t.Fatalf("retry answered %q", st)
 	}
 	again := must(c.GetMR(ctx(t), proj, m.IID))
-	if again.PipelineID != got.PipelineID || again.PipelineStatus != "running" || !must(c.PipelineRetried(ctx(t), proj, got.PipelineID)) {
+	if again.PipelineID != got.PipelineID || again.PipelineStatus != "running" || must(c.PipelineRetries(ctx(t), proj, got.PipelineID)) != 1 {
 		t.Fatalf("after the retry: %+v", again)
 	}
 }

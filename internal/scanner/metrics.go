@@ -27,6 +27,11 @@ type metrics struct {
 	culprits       *prometheus.CounterVec   // repo
 	maxAttempts    *prometheus.CounterVec   // repo
 	timeToMerge    *prometheus.HistogramVec // repo
+
+	// GitLab states (gitlabstates.go).
+	rebases      *prometheus.CounterVec // repo
+	flakeRetries *prometheus.CounterVec // repo
+	flakes       *prometheus.CounterVec // repo
 }
 
 func newMetrics(reg prometheus.Registerer, replica string) *metrics {
@@ -85,6 +90,18 @@ func newMetrics(reg prometheus.Registerer, replica string) *metrics {
 		Name: "batcherd_time_to_merge_seconds", Help: "Time from an operation's creation to the settlement of the batch that merged it (DB clock), by repository; p50/p95 with histogram_quantile.", ConstLabels: cl,
 		Buckets: []float64{1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 43200, 86400},
 	}, []string{"repo"})
+	m.rebases = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "batcherd_mr_rebases_total", Help: "Rebases batcherd asked GitLab for (an MR of a fast-forward or semi-linear project behind its target), by repository.", ConstLabels: cl,
+	}, []string{"repo"})
+	m.flakeRetries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "batcherd_pipeline_flake_retries_total", Help: "Failed pipelines of a batch of one member retried in place before the member could be named the culprit (BATCHERD_FLAKE_RETRIES), by repository.", ConstLabels: cl,
+	}, []string{"repo"})
+	m.flakes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "batcherd_pipeline_flakes_total", Help: "Pipelines that failed and then passed when retried in place (the batch merged): flaky pipelines, by repository.", ConstLabels: cl,
+	}, []string{"repo"})
+	m.rebases = register(reg, m.rebases)
+	m.flakeRetries = register(reg, m.flakeRetries)
+	m.flakes = register(reg, m.flakes)
 	m.runs = register(reg, m.runs)
 	m.retries = register(reg, m.retries)
 	m.bisectionDepth = register(reg, m.bisectionDepth)

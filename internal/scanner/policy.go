@@ -93,21 +93,15 @@ type failure struct {
 	msg   string
 }
 
-// pipelineClass classifies a failed (or canceled) head pipeline by the failure_reason
-// of its first failed job.
+// pipelineClass classifies a failed (or canceled) head pipeline: canceled is infra
+// (someone or something stopped it; nothing the members changed); a failed one by the
+// failure_reason of its first failed job, as domain.ClassOfFailureReason maps every
+// documented reason.
 func pipelineClass(status, reason string) domain.FailureClass {
-	switch {
-	case status == "canceled":
-		return ClassInfra
-	case reason == "script_failure":
-		return ClassTest
-	case reason == "":
-		return ClassUnknown
-	default:
-		// runner_system_failure, stuck_or_timeout_failure, scheduler_failure,
-		// api_failure, and any reason we do not know: nothing the members changed.
+	if status == "canceled" {
 		return ClassInfra
 	}
+	return domain.ClassOfFailureReason(reason)
 }
 
 // retriable reports whether a failure class may be overridden by what GitLab shows
@@ -134,7 +128,7 @@ func (p policy) plan(b store.Batch, f failure, ms []store.WaitingMember) ([]stor
 	case ClassClosedByUser:
 		return p.failAll(ms, string(ClassClosedByUser), EventClosedByUser,
 			fmt.Sprintf("merge request of batch %d was closed by someone else than batcherd: no retry", b.ID)), planOutcome{action: "fail"}
-	case ClassInfra, ClassTimeout, ClassUnavailable, ClassMRMissing:
+	case ClassInfra, ClassTimeout, ClassUnavailable, ClassMRMissing, ClassCIBlocked:
 		if retries < p.infraRetries {
 			return p.retry(b, f, ms, retries)
 		}

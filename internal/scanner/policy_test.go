@@ -28,7 +28,9 @@ func TestPipelineClass(t *testing.T) {
 		{"failed", "stuck_or_timeout_failure", ClassInfra},
 		{"failed", "scheduler_failure", ClassInfra},
 		{"failed", "api_failure", ClassInfra},
-		{"failed", "some_future_reason", ClassInfra},
+		{"failed", "job_execution_timeout", ClassTest}, // a hung test is a test failure
+		{"failed", "unknown_failure", ClassUnknown},
+		{"failed", "some_future_reason", ClassUnknown}, // neither retried for ever nor blamed on a guess
 		{"failed", "", ClassUnknown},
 		{"canceled", "", ClassInfra},
 	} {

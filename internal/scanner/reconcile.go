@@ -2,8 +2,10 @@ package scanner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
 	"time"
 
@@ -27,6 +29,8 @@ type reconcileConfig struct {
 	onFailure FailureMode
 	limit     int
 	workers   int
+	// flakeRetries: in-place retries of a lone member's failed pipeline (gitlabstates.go).
+	flakeRetries int
 }
 
 // reconcileLoop follows the MR of every active batch that is due for a check, taken
@@ -74,6 +78,7 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.
 	}
 	switch m.State {
 	case mr.StateMerged:
+		l.noteFlake(ctx, b, m, log)
 		_, err := l.s.settleSucceeded(ctx, b, log)
 		return err
 	case mr.StateClosed:
@@ -90,6 +95,10 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.
 		return nil // locked: GitLab is merging it; look again next interval
 	}
 
+	b, done, err := l.gitlabState(ctx, b, m, log)
+	if err != nil || done {
+		return err
+	}
 	if code, msg := blockReason(b, m); code != "" {
 		if code == CodePipelineFailed && m.FailureReasonErr != nil {
 			// Why the pipeline failed decides what isolation does (retry the group for
@@ -101,6 +110,9 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.
 		}
 		if l.cfg.onFailure == FailureIsolate {
 			if class := failureClass(code, m); class != "" {
+				if retried, err := l.flakeRetry(ctx, b, m, class, log); err != nil || retried {
+					return err
+				}
 				// Isolate at once: close the MR and retry, bisect or quarantine.
 				_, err := l.s.settleFailure(ctx, b, failure{class, msg}, log)
 				return err
@@ -144,13 +156,23 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.
 		// Not armed: publish crashed (or failed to arm) after recording the MR, or the
 		// pipeline was retried after a failure disarmed it.
 		merged, err = l.s.gl.SetAutoMerge(ctx, b.Repo, m.IID, sha)
+		var ge *mr.Error
+		if errors.As(err, &ge) && ge.Status == http.StatusMethodNotAllowed {
+			// GitLab cannot arm or merge it now (its mergeability changed since our read:
+			// a check still running, a rebase needed, a pipeline being created). Not an
+			// error of ours: the next pass reads the MR again and acts on what it says.
+			l.s.m.outcomes.WithLabelValues("reconcile", "arm_refused").Inc()
+			log.Info("GitLab refused to arm auto-merge now; looking again next pass", "err", err)
+			return nil
+		}
 		if err != nil {
 			return err
 		}
 		l.s.m.outcomes.WithLabelValues("reconcile", "armed").Inc()
 		log.Info("auto-merge armed", "mr_state", merged.State)
 	case MergeDirect:
-		if m.PipelineStatus != "success" {
+		if m.PipelineStatus != "success" || m.MergeabilityPending() {
+			// Mergeability still being computed: GitLab refuses a merge now (405).
 			return nil
 		}
 		merged, err = l.s.gl.Merge(ctx, b.Repo, m.IID, sha)
@@ -162,6 +184,7 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.
 		return nil // manual: humans merge
 	}
 	if merged.State == mr.StateMerged {
+		l.noteFlake(ctx, b, merged, log)
 		_, err := l.s.settleSucceeded(ctx, b, log)
 		return err
 	}
@@ -184,6 +207,10 @@ func blockReason(b store.Batch, m mr.MergeRequest) (code, msg string) {
 			msg += ": " + m.FailureReason
 		}
 		return CodePipelineFailed, msg
+	case (m.PipelineStatus == "skipped" || m.PipelineStatus == "manual") && m.DetailedMergeStatus != "mergeable" && !m.MergeabilityPending():
+		// A skipped pipeline, or one waiting for a manual job, never passes by itself
+		// (unless the project counts skipped as passed: then the MR reads mergeable).
+		return CodeCIBlocked, fmt.Sprintf("pipeline %d of merge request !%d is %s: it will not pass by itself (check the CI rules for batch branches, or play the manual job)", m.PipelineID, m.IID, m.PipelineStatus)
 	case m.HasConflicts || m.DetailedMergeStatus == "conflict":
 		return CodeMergeConflict, fmt.Sprintf("merge request !%d has conflicts with its target branch", m.IID)
 	case m.DetailedMergeStatus == "need_rebase":
@@ -202,6 +229,8 @@ func failureClass(code string, m mr.MergeRequest) domain.FailureClass {
 		return pipelineClass(m.PipelineStatus, m.FailureReason)
 	case CodeMergeConflict, CodeNeedRebase:
 		return ClassConflict
+	case CodeCIBlocked:
+		return ClassCIBlocked
 	}
 	return ""
 }

@@ -306,7 +306,9 @@ func TestHeadMovedBlocksEvenWhenItsPipelineFails(t *testing.T) {
 func TestCulpritSettleClaimsTheNextHalf(t *testing.T) {
 	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
 	storetest.InsertQueuedOps(t, e.st, repo, 2)
-	s := e.scanner("a", func(c *Config) { c.ClaimSchedule = "@every 1h" })
+	// No flake retry: the lone member's failure names it the culprit at once (the flake
+	// retry has its own test, TestFlakyLoneMemberIsNotACulprit).
+	s := e.scanner("a", func(c *Config) { c.ClaimSchedule = "@every 1h"; c.FlakeRetries = -1 })
 	bg := context.Background()
 	failActive := func() {
 		t.Helper()

@@ -29,6 +29,7 @@ type GitLab interface {
 	Merge(ctx context.Context, project string, iid int64, sha string) (mr.MergeRequest, error)
 	CloseMR(ctx context.Context, project string, iid int64) (mr.MergeRequest, error)
 	ListOpenLabeled(ctx context.Context, project, label string) ([]mr.MergeRequest, error)
+	gitlabStates
 }
 
 var _ GitLab = (*mr.Client)(nil)
@@ -89,6 +90,9 @@ type Config struct {
 	// MaxAttempts bounds the charged attempts (first try and retries; bisection rounds
 	// are free) of one operation [3]; then it fails with reason max_attempts.
 	MaxAttempts int
+	// FlakeRetries: in-place retries of the failed pipeline of a batch of one member
+	// before it may be named the culprit [1]; negative means none.
+	FlakeRetries int
 
 	StartJitter time.Duration // [5s] max random delay before a loop's first run
 	BackoffBase time.Duration // [1s] first retry delay after a failed run
@@ -124,6 +128,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ConflictRetries == 0 {
 		c.ConflictRetries = 1
+	}
+	if c.FlakeRetries == 0 {
+		c.FlakeRetries = 1
 	}
 	defInt(&c.MaxAttempts, 3)
 	def(&c.ReconcileInterval, 10*time.Second)
@@ -226,7 +233,7 @@ func New(cfg Config, st Store, gl GitLab, log *slog.Logger, reg prometheus.Regis
 	}
 	s.claim = &claimLoop{s: s, cfg: claimConfig{repos: cfg.Repos, schedule: cfg.ClaimSchedule, maxBatch: cfg.MaxBatchSize}, log: log.With("loop", "claim")}
 	s.publish = &publishLoop{s: s, cfg: publishConfig{interval: cfg.PublishInterval, lease: cfg.PublishLease, target: cfg.TargetBranch, mode: cfg.MergeMode, limit: cfg.ScanLimit, workers: cfg.Workers, timeout: cfg.BatchTimeout}, log: log.With("loop", "publish")}
-	s.reconcile = &reconcileLoop{s: s, cfg: reconcileConfig{interval: cfg.ReconcileInterval, mode: cfg.MergeMode, onFailure: cfg.OnFailure, limit: cfg.ScanLimit, workers: cfg.Workers}, log: log.With("loop", "reconcile")}
+	s.reconcile = &reconcileLoop{s: s, cfg: reconcileConfig{interval: cfg.ReconcileInterval, mode: cfg.MergeMode, onFailure: cfg.OnFailure, limit: cfg.ScanLimit, workers: cfg.Workers, flakeRetries: max(cfg.FlakeRetries, 0)}, log: log.With("loop", "reconcile")}
 	s.timeout = &timeoutLoop{s: s, cfg: timeoutConfig{interval: cfg.TimeoutInterval, timeout: cfg.BatchTimeout, lease: cfg.SettleLease, limit: cfg.ScanLimit, workers: cfg.Workers}, log: log.With("loop", "timeout")}
 	s.expiry = &expiryLoop{s: s, cfg: expiryConfig{interval: cfg.ExpiryInterval, limit: cfg.ScanLimit}, log: log.With("loop", "expiry")}
 	s.cleanup = &cleanupLoop{s: s, cfg: cleanupConfig{interval: cfg.CleanupInterval, chunk: cfg.CleanupChunk, retention: cfg.WaitingRetention}, log: log.With("loop", "cleanup")}

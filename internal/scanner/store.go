@@ -36,6 +36,7 @@ type Store interface {
 	BatchRecordMRFailed(ctx context.Context, id, version int64, mr store.MRRecord) (domain.Batch, error)
 	BatchBlock(ctx context.Context, id, version int64, code, message string) (domain.Batch, error)
 	BatchUnblock(ctx context.Context, id, version int64) (domain.Batch, error)
+	BatchRecordRebase(ctx context.Context, id, version int64, oldSHA, newSHA string) (domain.Batch, error)
 	BatchMarkFailing(ctx context.Context, id, version int64, class domain.FailureClass) (domain.Batch, error)
 	BatchSettleSucceeded(ctx context.Context, id int64, from domain.BatchStatus, version int64) (domain.Batch, error)
 	BatchSettleUnchanged(ctx context.Context, id, version int64) (domain.Batch, error)
