@@ -16,7 +16,8 @@ import (
 // each GitLab version the simulator speaks × each merge method. In the suite a
 // representative slice runs: every version once and every merge method once (a Latin
 // square, 3 cells). BATCHERD_GITLAB_MATRIX=full (make gitlab-matrix) runs all 9.
-// Every cell also computes mergeability asynchronously and moves the target branch
+// Every cell also computes mergeability asynchronously, creates each pipeline after a
+// read of its MR (405 to merge calls meanwhile), and moves the target branch
 // under a batch, so the rebase path of ff and rebase_merge is on the way of each.
 type matrixCell struct{ version, method string }
 
@@ -38,7 +39,7 @@ func matrixCells() []matrixCell {
 }
 
 func (c matrixCell) options() gitlabsim.Options {
-	return gitlabsim.Options{Version: c.version, MergeMethod: c.method, MergeCheckReads: 2, PipelineDuration: 30 * time.Millisecond}
+	return gitlabsim.Options{Version: c.version, MergeMethod: c.method, MergeCheckReads: 2, PipelineCreateReads: 1, PipelineDuration: 30 * time.Millisecond}
 }
 
 // moveTarget lands a human's commit on the default branch (a file no batch touches).

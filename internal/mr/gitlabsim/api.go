@@ -629,7 +629,9 @@ func mergeMR(s *Sim, q *req) (*reply, *apiError) {
 	if s.ver.knowsAutoMerge() {
 		auto = auto || q.boolean("auto_merge")
 	}
-	if m.state != "opened" {
+	if m.state != "opened" || s.pipelineCreating(p, m) {
+		// Nothing merges, and auto-merge is not available, while the head's pipeline is
+		// being created.
 		return nil, notAllowed
 	}
 	dms := s.detailedMergeStatus(p, m)

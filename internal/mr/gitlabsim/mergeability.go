@@ -55,6 +55,13 @@ func (s *Sim) checkStatus(m *mergeRequest) string {
 // readMR counts one read of m (GET of the single MR) towards its pending check and
 // rebase, and finishes them when due.
 func (s *Sim) readMR(p *project, m *mergeRequest) {
+	if m.state == "opened" {
+		for _, pl := range p.pipelines {
+			if pl.ref == m.source && pl.creating > 0 {
+				pl.creating--
+			}
+		}
+	}
 	if m.check.pending {
 		m.check.shown = true
 		if m.check.reads > 0 {

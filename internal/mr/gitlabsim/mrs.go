@@ -24,11 +24,22 @@ func (s *Sim) headPipeline(p *project, m *mergeRequest) *pipeline {
 	sha := s.mrSHA(p, m)
 	for i := len(p.pipelines) - 1; i >= 0; i-- {
 		pl := p.pipelines[i]
-		if pl.ref == m.source && pl.sha == sha && pl.parent == nil {
+		if pl.ref == m.source && pl.sha == sha && pl.parent == nil && pl.creating <= 0 {
 			return pl
 		}
 	}
 	return nil
+}
+
+// pipelineCreating reports whether a pipeline for the MR's head is still being created.
+func (s *Sim) pipelineCreating(p *project, m *mergeRequest) bool {
+	sha := s.mrSHA(p, m)
+	for _, pl := range p.pipelines {
+		if pl.ref == m.source && pl.sha == sha && pl.parent == nil && pl.creating > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // conflicts reports whether the open MR cannot merge cleanly.
@@ -62,6 +73,9 @@ func (s *Sim) detailedMergeStatus(p *project, m *mergeRequest) string {
 	}
 	if s.needRebase(p, m) {
 		return "need_rebase"
+	}
+	if s.pipelineCreating(p, m) {
+		return "ci_still_running"
 	}
 	if pl := s.headPipeline(p, m); pl != nil {
 		switch {
@@ -159,7 +173,7 @@ func (s *Sim) createPipeline(p *project, ref, sha string) *pipeline {
 	pl := &pipeline{
 		id: s.nextPipeID, iid: int64(len(p.pipelines) + 1), projectID: p.id,
 		sha: sha, ref: ref, status: start, createdAt: now, startedAt: started, updatedAt: now,
-		planned: PipelineSuccess,
+		planned: PipelineSuccess, creating: s.opts.PipelineCreateReads,
 	}
 	pl.jobs = []*job{{id: s.nextJobID, name: "test", stage: "test", status: jobStatusFor(start), createdAt: now, startedAt: started}}
 	if s.opts.ChildPipelines {

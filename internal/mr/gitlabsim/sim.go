@@ -95,6 +95,11 @@ type Options struct {
 	PipelineStartStatus string
 	// PipelineRules decide how pipelines end, per branch (see PipelineRule).
 	PipelineRules []PipelineRule
+	// PipelineCreateReads keeps a new pipeline "being created" until the MR of its
+	// branch has been read (GET) this many times: the MR shows no head pipeline
+	// (detailed_merge_status ci_still_running), and the merge endpoint answers 405 to a
+	// merge or auto-merge meanwhile, as GitLab does while it creates a pipeline.
+	PipelineCreateReads int
 }
 
 // User is the identity behind the token, shown as author/merge_user.
@@ -190,6 +195,7 @@ type pipeline struct {
 	planned       string // outcome decided at creation (or retry): a status
 	plannedReason string
 	retries       int // times its failed jobs were retried (POST …/retry)
+	creating      int // reads of its MR left before it exists for the API (PipelineCreateReads)
 	// child is the downstream pipeline of this pipeline's bridge job (ChildPipelines),
 	// bridgeID that job's id; parent is set on the child (source parent_pipeline).
 	child    *pipeline

@@ -316,3 +316,23 @@ func TestPipelineRetryAndMRCommits(t *testing.T) {
 		t.Fatalf("MR commits: %v", commits)
 	}
 }
+
+// While GitLab creates the head's pipeline the MR has no head pipeline yet and every
+// version refuses a merge or an auto-merge with 405.
+func TestPipelineBeingCreated(t *testing.T) {
+	for _, v := range gitlabsim.Versions {
+		sim := gitlabsim.StartTest(t, gitlabsim.Options{Projects: []string{proj}, Version: v, ManualPipelines: true, PipelineCreateReads: 2})
+		iid, sha := openMR(t, sim, "b1", "a.yaml", "a")
+		m := getMR(t, sim, iid)
+		if m["head_pipeline"] != nil || m["detailed_merge_status"] != "ci_still_running" {
+			t.Fatalf("%s: while the pipeline is created: %v %v", v, m["head_pipeline"], m["detailed_merge_status"])
+		}
+		for _, body := range []map[string]any{{"sha": sha, "auto_merge": true}, {"sha": sha, "merge_when_pipeline_succeeds": true}, {"sha": sha}} {
+			want(t, call(t, sim, "PUT", mrPath(iid)+"/merge", body), 405, "")
+		}
+		m = getMR(t, sim, iid)
+		if hp, _ := m["head_pipeline"].(map[string]any); hp == nil || hp["sha"] != sha {
+			t.Fatalf("%s: the pipeline never appeared: %v", v, m["head_pipeline"])
+		}
+	}
+}
