@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/batcherd/batcherd/internal/domain"
@@ -278,4 +279,90 @@ func TestFlakyLoneMemberIsNotACulprit(t *testing.T) {
 			t.Fatalf("without retries the lone member is %s/%s", op.Status, op.ErrorCode)
 		}
 	}
+}
+
+// The scenario: a fast-forward project whose target branch moves under every
+// batch, 40 operations in waves, three replicas. Before, 40 of 40 ended max_attempts
+// ("needs a rebase": each batch was rebuilt on a target that had moved again). Now
+// every operation merges, no batch fails and nobody is charged a second attempt.
+func TestFastForwardProjectWithAMovingTarget(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{MergeMethod: gitlabsim.MergeMethodFastForward, PipelineDuration: 40 * time.Millisecond}, repo)
+	var ids []string
+	c := e.startCluster(3, func(c *Config) { longTimeout(c); c.MaxBatchSize = 5 })
+	stop := make(chan struct{})
+	pushed := make(chan int)
+	go func() {
+		n := 0
+		defer func() { pushed <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(60 * time.Millisecond):
+			}
+			content := time.Now().String()
+			if _, err := e.sim.PushToDefault(repo, map[string]*string{"human/clock.txt": &content}, "a human's commit"); err != nil {
+				t.Error(err)
+				return
+			}
+			n++
+		}
+	}()
+	for range 4 {
+		ids = append(ids, storetest.InsertQueuedOps(t, e.st, repo, 10)...)
+		if _, err := c.scanners[0].RunRound(context.Background(), repo); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	e.settleAll(90 * time.Second)
+	close(stop)
+	n := <-pushed
+	c.stop()
+	e.requireOutcome(ids)
+	e.requireClean()
+	if byStatus := e.batchesByStatus(); byStatus[store.BatchFailed] != 0 {
+		t.Fatalf("batches: %v", byStatus)
+	}
+	if m := e.maxTries(); m != 1 {
+		t.Fatalf("an operation was charged %d attempts", m)
+	}
+	rebases := c.sum(func(m *metrics) prometheus.Collector { return m.rebases.WithLabelValues(repo) })
+	t.Logf("%d operations merged while the target moved %d times; %v rebases, %v batches", len(ids), n, rebases, e.batchesByStatus()[store.BatchSucceeded])
+	if rebases == 0 {
+		t.Fatal("no batch needed a rebase: the target did not move under any")
+	}
+}
+
+// In block mode a rebase is still not a failure: the batch is rebased and merges,
+// never BLOCKED for it.
+func TestBlockModeRebasesToo(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{MergeMethod: gitlabsim.MergeMethodRebaseMerge, ManualPipelines: true}, repo)
+	s := e.scanner("r1", func(c *Config) { longTimeout(c); c.OnFailure = FailureBlock })
+	ids := storetest.InsertQueuedOps(t, e.st, repo, 2)
+	b := e.published(s, repo)
+	e.moveTarget("under-the-batch")
+	if err := e.sim.SucceedMRPipeline(repo, *b.MRIID); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got, _ := e.st.BatchGet(context.Background(), b.ID)
+		if got.Status == store.BatchBlocked {
+			t.Fatalf("blocked: %s %s", got.ErrorCode, got.ErrorMessage)
+		}
+		if got.Status == store.BatchSucceeded {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("batch %s", got.Status)
+		}
+		if st, ok := e.sim.MR(repo, *b.MRIID); ok && st.PipelineStatus == "running" {
+			_ = e.sim.SucceedMRPipeline(repo, *b.MRIID)
+		}
+		e.due(b.ID)
+		_ = s.reconcile.runOnce(context.Background())
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.requireOps(ids, store.OpMerged)
 }
