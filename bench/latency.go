@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/batcherd/batcherd/internal/domain"
 	"github.com/batcherd/batcherd/internal/store"
 )
 
@@ -277,7 +278,7 @@ func claimForUpdateRR(ctx context.Context, db *sqlx.DB, repo string, max int) (i
 		return 0, 0, err
 	}
 	if _, err := tx.ExecContext(ctx, "UPDATE merge_batch SET size = ?, source_branch = ? WHERE id = ?",
-		len(rows), store.BranchName(batchID), batchID); err != nil {
+		len(rows), domain.LegacyBranchName(batchID), batchID); err != nil {
 		return 0, 0, err
 	}
 	return batchID, len(rows), tx.Commit()

@@ -481,10 +481,15 @@ func TestBatchesRoundsSettleWebhook(t *testing.T) {
 		return e.do(req{method: "POST", path: "/v1/webhooks/gitlab", header: h,
 			body: `{"object_kind":"merge_request","object_attributes":{"source_branch":"` + branch + `","state":"merged","iid":7}}`})
 	}
-	if r := hook("wrong", store.BranchName(res2.BatchID)); r.status != 401 || due() {
+	b2, err := e.st.BatchGet(ctx, res2.BatchID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	branch2 := b2.SourceBranch
+	if r := hook("wrong", branch2); r.status != 401 || due() {
 		t.Fatalf("webhook with wrong token: %d %s", r.status, r.raw)
 	}
-	if r := hook("", store.BranchName(res2.BatchID)); r.status != 401 || due() {
+	if r := hook("", branch2); r.status != 401 || due() {
 		t.Fatalf("webhook without token: %d %s", r.status, r.raw)
 	}
 	if r := hook(hookSecret, "feature/x"); r.status != 204 || due() {
@@ -493,12 +498,16 @@ func TestBatchesRoundsSettleWebhook(t *testing.T) {
 	if e.kicks.Load() != 0 {
 		t.Fatalf("rejected or ignored webhooks woke the scanner %d time(s)", e.kicks.Load())
 	}
-	if r := hook(hookSecret, store.BranchName(res2.BatchID)); r.status != 204 || due() {
+	if r := hook(hookSecret, branch2); r.status != 204 || due() {
 		t.Fatalf("webhook for a batch without an MR: %d %s due=%v", r.status, r.raw, due())
 	}
 	e.exec(`UPDATE merge_batch SET mr_iid = 7 WHERE id = ?`, res2.BatchID)
+	// Another installation's batch of the same id (a second database on the project).
+	if r := hook(hookSecret, fmt.Sprintf("batcherd/otherinst/batch-%d", res2.BatchID)); r.status != 204 || due() {
+		t.Fatalf("webhook for another installation's branch: %d %s due=%v", r.status, r.raw, due())
+	}
 	e.kicks.Store(0)
-	if r := hook(hookSecret, store.BranchName(res2.BatchID)); r.status != 204 || !due() || e.kicks.Load() != 1 {
+	if r := hook(hookSecret, branch2); r.status != 204 || !due() || e.kicks.Load() != 1 {
 		t.Fatalf("webhook: %d %s due=%v kicks=%d", r.status, r.raw, due(), e.kicks.Load())
 	}
 	// The payload is never trusted as state: "merged" in it changed nothing else.
@@ -515,7 +524,7 @@ func TestBatchesRoundsSettleWebhook(t *testing.T) {
 	}
 	desc := strings.Repeat("- 2f1c6a8e-0000-4000-8000-000000000000 grant `someone` → `db/prod`\n", 2000) // ~140 KB
 	big, _ := json.Marshal(map[string]any{"object_kind": "merge_request",
-		"object_attributes": map[string]any{"source_branch": store.BranchName(res2.BatchID), "description": desc},
+		"object_attributes": map[string]any{"source_branch": branch2, "description": desc},
 		"changes":           map[string]any{"description": map[string]any{"previous": desc, "current": desc}}})
 	r := e.do(req{method: "POST", path: "/v1/webhooks/gitlab", header: map[string]string{"X-Gitlab-Token": hookSecret}, body: string(big)})
 	if r.status != 204 || !due() {

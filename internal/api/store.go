@@ -32,6 +32,9 @@ type Store interface {
 	BatchOperationIDs(ctx context.Context, batchIDs []int64) (map[int64][]string, error)
 	BatchMarkDue(ctx context.Context, id int64) error
 	WaitingStats(ctx context.Context) ([]store.RepoWaiting, error)
+
+	// installation identity (webhook: this installation's branches only)
+	Installation(ctx context.Context) (string, error)
 }
 
 var _ Store = (*store.Store)(nil)

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"net/http"
 
-	"github.com/batcherd/batcherd/internal/store"
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // gitlabEvent is the little of a GitLab webhook payload batcherd reads: enough to find
@@ -56,7 +56,15 @@ func (s *Server) handleWebhook(w http.ResponseWriter, r *http.Request) error {
 			branch = ev.MergeRequest.SourceBranch
 		}
 	}
-	id, ok := store.BatchIDFromBranch(branch)
+	// Only this installation's batch branches (batcherd/<installation>/batch-<id>), and
+	// legacy ones (batcherd/batch-<id>, from before installations had ids: a hint to look
+	// at a batch costs nothing even if the branch is another's). Another installation's
+	// branch on the same project names another database's batch.
+	inst, id, ok := domain.ParseBranch(branch)
+	if ok && inst != "" {
+		own, err := s.st.Installation(r.Context())
+		ok = err == nil && inst == own
+	}
 	if !ok {
 		s.m.webhooks.WithLabelValues("ignored").Inc()
 		w.WriteHeader(http.StatusNoContent)

@@ -25,7 +25,11 @@ func TestWebhookTakesGitLabsDocumentedPayloads(t *testing.T) {
 		t.Fatalf("claim: %+v %v", res, err)
 	}
 	e.exec(`UPDATE merge_batch SET mr_iid = 7 WHERE id = ?`, res.BatchID)
-	branch := store.BranchName(res.BatchID)
+	b, err := e.st.BatchGet(ctx, res.BatchID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	branch := b.SourceBranch // batcherd/<installation>/batch-<id>
 	fixture := func(name string) map[string]any {
 		raw, err := os.ReadFile("../mr/gitlabsim/testdata/" + name)
 		if err != nil {

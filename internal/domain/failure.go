@@ -32,11 +32,19 @@ const (
 	// project does not count that as passed: it will not pass by itself, and nothing
 	// says a member is at fault (retry once, then fail; see failure_reasons.go).
 	ClassCIBlocked FailureClass = "ci_blocked"
+	// ClassForeignMR: the MR on the batch's branch is not the batch's — its commits lack
+	// this installation's trailers for the batch (retried like infra: a new batch has a
+	// new branch; the MR is left alone).
+	ClassForeignMR FailureClass = "foreign_mr"
+	// ClassRefused: GitLab permanently refused the batch's content (400/422 on the
+	// commit, e.g. a path it will not store): bisected like a test failure, down to the
+	// member whose file GitLab refuses.
+	ClassRefused FailureClass = "gitlab_refused"
 )
 
 // FailureClasses lists every class.
 var FailureClasses = []FailureClass{ClassTest, ClassInfra, ClassConflict, ClassUnknown, ClassClosedByUser,
-	ClassTimeout, ClassUnavailable, ClassMRMissing, ClassManual, ClassEmpty, ClassCIBlocked}
+	ClassTimeout, ClassUnavailable, ClassMRMissing, ClassManual, ClassEmpty, ClassCIBlocked, ClassForeignMR, ClassRefused}
 
 // Final reports whether a settlement for this class stands whatever GitLab shows
 // afterwards (a human closing the MR does not turn an operator's or an empty batch's

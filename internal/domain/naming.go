@@ -10,27 +10,6 @@ import (
 	"unicode/utf8"
 )
 
-// BranchName is the deterministic source branch of a batch. Every publish step is
-// idempotent by it, and settle failure finds the batch's MR through it even when none
-// is recorded yet.
-func BranchName(batchID int64) string { return branchPrefix + strconv.FormatInt(batchID, 10) }
-
-const branchPrefix = "batcherd/batch-"
-
-// BatchIDFromBranch returns the batch id of a batcherd branch, only when the branch is
-// exactly what BranchName makes for that id (no leading zeros, no suffix).
-func BatchIDFromBranch(branch string) (int64, bool) {
-	rest, ok := strings.CutPrefix(branch, branchPrefix)
-	if !ok {
-		return 0, false
-	}
-	id, err := strconv.ParseInt(rest, 10, 64)
-	if err != nil || id <= 0 || BranchName(id) != branch {
-		return 0, false
-	}
-	return id, true
-}
-
 // BindingPath is the repository path of a binding's file (a contract, see README
 // "Files written to the repository"): bindings/<PathEscape(target)>/<PathEscape(subject)>.yaml.
 func BindingPath(subject, target string) string {

@@ -143,6 +143,8 @@ type glCommit struct {
 	Message   string            `json:"message"`
 	ParentIDs []string          `json:"parent_ids"`
 	Trailers  map[string]string `json:"trailers"`
+	// ExtendedTrailers: GitLab answers {"Key": ["value", …]} (arrays of strings).
+	ExtendedTrailers map[string][]string `json:"extended_trailers"`
 }
 
 // glBranch is the part of GitLab's branch entity the layer reads.
@@ -243,7 +245,8 @@ func (c *Client) getBranch(ctx context.Context, project, branch string) (*glBran
 }
 
 // FindMR looks up the MR for a source branch in any state (newest first); found=false
-// when there is none. A merged or closed MR for the branch is the batch's MR.
+// when there is none. A merged or closed MR for the branch is the batch's MR — but only
+// when it is the batch's: see below.
 //
 // When several MRs exist for the branch (a human reopened or recreated one), a
 // merged one wins because its content landed, then an open one, then the newest
@@ -254,7 +257,16 @@ func (c *Client) getBranch(ctx context.Context, project, branch string) (*glBran
 // the same (predictable) name, and MRs from the batch branch into another branch:
 // adopting one would let a stranger's MR stand in for the batch — its merge marking
 // the batch merged without its files, its closing failing the members.
-func (c *Client) FindMR(ctx context.Context, project, sourceBranch string) (MergeRequest, bool, error) {
+//
+// And only an MR whose commits carry the branch owner's trailers (Batcherd-Installation
+// of the installation the branch names, Batcherd-Batch: batchID) is the batch's. A
+// second database pointed at the same project starts batch ids at 1 again; without
+// this check its batch 1 adopted the first installation's long-merged MR and settled
+// its operations merged with none of their files written. When MRs exist for the
+// branch but none is the batch's, FindMR returns a *ForeignMRError naming the best of
+// them, and the caller leaves it alone.
+func (c *Client) FindMR(ctx context.Context, project, sourceBranch string, batchID int64) (MergeRequest, bool, error) {
+	owner := ownerOf(sourceBranch, batchID)
 	all, err := c.listMRs(ctx, "find_mr", project, &gitlab.ListProjectMergeRequestsOptions{
 		State:        gitlab.Ptr("all"),
 		SourceBranch: &sourceBranch,
@@ -264,7 +276,6 @@ func (c *Client) FindMR(ctx context.Context, project, sourceBranch string) (Merg
 	if err != nil {
 		return MergeRequest{}, false, err
 	}
-	var pick *glMR
 	rank := func(s string) int {
 		switch s {
 		case StateMerged:
@@ -274,23 +285,64 @@ func (c *Client) FindMR(ctx context.Context, project, sourceBranch string) (Merg
 		}
 		return 1
 	}
+	var cands []*glMR
 	for i := range all {
 		m := &all[i]
 		if m.SourceBranch != sourceBranch || m.TargetBranch != c.cfg.TargetBranch || !m.fromThisProject() {
 			continue // never adopt another branch's MR, one from a fork, or one into another branch
 		}
-		if pick == nil || rank(m.State) > rank(pick.State) {
-			pick = m
+		cands = append(cands, m)
+	}
+	// Best first; the listing is newest first and the sort is stable.
+	slices.SortStableFunc(cands, func(a, b *glMR) int { return rank(b.State) - rank(a.State) })
+	for _, m := range cands {
+		ours, err := c.mrCarries(ctx, project, m.IID, owner)
+		if err != nil {
+			return MergeRequest{}, false, err
 		}
+		if !ours {
+			continue
+		}
+		mr, err := c.GetMR(ctx, project, m.IID)
+		if err != nil {
+			return MergeRequest{}, false, err
+		}
+		return mr, true, nil
 	}
-	if pick == nil {
-		return MergeRequest{}, false, nil
+	if len(cands) > 0 {
+		m := cands[0]
+		return MergeRequest{}, false, &ForeignMRError{Branch: sourceBranch, Owner: owner, IID: m.IID, State: m.State, WebURL: m.WebURL}
 	}
-	mr, err := c.GetMR(ctx, project, pick.IID)
-	if err != nil {
-		return MergeRequest{}, false, err
+	return MergeRequest{}, false, nil
+}
+
+// maxMRCommitPages bounds how many pages of an MR's commits mrCarries reads: a batch
+// MR has one commit per chunk, so its trailers are on the first page; a branch with
+// more commits than this is not a batch's.
+const maxMRCommitPages = 10
+
+// mrCarries reports whether any commit of MR iid carries owner's trailers.
+func (c *Client) mrCarries(ctx context.Context, project string, iid int64, owner Owner) (bool, error) {
+	opt := &gitlab.ListOptions{PerPage: 100}
+	var next gitlab.RequestOptionFunc
+	for page := 0; page < maxMRCommitPages; page++ {
+		var commits []glCommit
+		resp, err := c.rawResp(ctx, "list_mr_commits", http.MethodGet, mrPath(project, iid)+"/commits", opt, &commits, next)
+		if err != nil {
+			return false, err
+		}
+		for i := range commits {
+			if readTrailers(&commits[i]).carries(owner) {
+				return true, nil
+			}
+		}
+		n, ok := gitlab.WithNext(resp)
+		if !ok {
+			return false, nil
+		}
+		next = n
 	}
-	return mr, true, nil
+	return false, nil
 }
 
 // listMRs reads every page of a merge request listing.
@@ -318,8 +370,13 @@ func (c *Client) listMRs(ctx context.Context, op, project string, opt *gitlab.Li
 
 // EnsureMR returns the branch's MR, creating it if there is none. A 409 "Another open
 // merge request already exists" means look it up again, never a second MR.
+//
+// spec.BatchID is the batch the branch belongs to: an MR found for the branch that is
+// not that batch's (see FindMR) is never adopted, and EnsureMR returns FindMR's
+// *ForeignMRError instead of opening one beside it (GitLab refuses a second open MR
+// for a branch anyway).
 func (c *Client) EnsureMR(ctx context.Context, project string, spec MRSpec) (MergeRequest, error) {
-	if mr, found, err := c.FindMR(ctx, project, spec.SourceBranch); err != nil || found {
+	if mr, found, err := c.FindMR(ctx, project, spec.SourceBranch, spec.BatchID); err != nil || found {
 		return mr, err
 	}
 	target := spec.TargetBranch
@@ -341,8 +398,13 @@ func (c *Client) EnsureMR(ctx context.Context, project string, spec MRSpec) (Mer
 	if isStatus(err, http.StatusConflict) || ClassOf(err) == ClassTransient {
 		// 409: another replica (or our own lost answer) created it. Transient: the
 		// answer may have been lost after GitLab created it. Either way, read again.
-		if mr, found, ferr := c.FindMR(ctx, project, spec.SourceBranch); ferr == nil && found {
+		mr, found, ferr := c.FindMR(ctx, project, spec.SourceBranch, spec.BatchID)
+		if ferr == nil && found {
 			return mr, nil
+		}
+		var foreign *ForeignMRError
+		if errors.As(ferr, &foreign) {
+			return MergeRequest{}, ferr
 		}
 	}
 	return MergeRequest{}, err

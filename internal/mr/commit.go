@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	gitlab "gitlab.com/gitlab-org/api/client-go"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // ChunkTrailer is the git trailer that numbers the commits of a batch split into
@@ -33,9 +35,10 @@ type Commit struct {
 }
 
 // CommitFiles makes one commit (chunked only if GitLab limits demand it) with the file
-// actions on branch, carrying "Batcherd-Batch: <batchID>" as a trailer. If the
-// branch's head already carries that trailer the commit was made before (answer lost)
-// and its sha is returned without a new commit.
+// actions on branch, carrying "Batcherd-Installation: <installation>" (from the branch
+// name) and "Batcherd-Batch: <batchID>" as trailers. If the branch's head already
+// carries them the commit was made before (answer lost) and its sha is returned without
+// a new commit.
 //
 // Create vs update is decided from one tree listing of the branch, and a delete of a
 // file the branch does not have is dropped (the revoke's goal is already true). When
@@ -45,6 +48,7 @@ type Commit struct {
 // each carrying the batch trailer and "Batcherd-Chunk: k/n"; the split depends only on
 // the input, so a call interrupted after chunk k resumes at chunk k+1.
 func (c *Client) CommitFiles(ctx context.Context, project, branch string, batchID int64, message string, files []FileAction) (Commit, error) {
+	owner := ownerOf(branch, batchID)
 	plan := c.planChunks(files)
 	head, found, err := c.getBranch(ctx, project, branch)
 	if err != nil {
@@ -54,7 +58,8 @@ func (c *Client) CommitFiles(ctx context.Context, project, branch string, batchI
 		return Commit{}, &Error{Op: "commit_files", Class: ClassNotFound, Status: http.StatusNotFound, Message: "404 Branch Not Found"}
 	}
 	start, committed := 0, false
-	if id, k, n, ok := batchTrailers(head.Commit); ok && id == batchID {
+	if tr := readTrailers(head.Commit); tr.carries(owner) {
+		k, n := tr.k, tr.n
 		committed = true // an earlier call made (some of) the batch's commits
 		switch {
 		case n <= 1 || k >= n:
@@ -83,7 +88,7 @@ func (c *Client) CommitFiles(ctx context.Context, project, branch string, batchI
 		return Commit{}, err
 	}
 	for i := start; i < len(plan); i++ {
-		sha, err = c.commitChunk(ctx, project, branch, batchID, message, plan, i, existing, sha)
+		sha, err = c.commitChunk(ctx, project, branch, owner, message, plan, i, existing, sha)
 		if err != nil {
 			return Commit{}, err
 		}
@@ -127,8 +132,8 @@ func (c *Client) planChunks(files []FileAction) [][]FileAction {
 }
 
 // commitChunk commits chunk i of plan and returns the new head sha.
-func (c *Client) commitChunk(ctx context.Context, project, branch string, batchID int64, message string, plan [][]FileAction, i int, existing map[string]bool, head string) (string, error) {
-	msg := commitMessage(message, batchID, i+1, len(plan))
+func (c *Client) commitChunk(ctx context.Context, project, branch string, owner Owner, message string, plan [][]FileAction, i int, existing map[string]bool, head string) (string, error) {
+	msg := commitMessage(message, owner, i+1, len(plan))
 	for attempt := 0; ; attempt++ {
 		actions := buildActions(plan[i], existing)
 		if len(actions) == 0 {
@@ -148,7 +153,7 @@ func (c *Client) commitChunk(ctx context.Context, project, branch string, batchI
 			// GitLab may have made the commit and lost the answer: the branch head
 			// then carries this chunk's trailers.
 			if b, found, gerr := c.getBranch(ctx, project, branch); gerr == nil && found && b.Commit != nil {
-				if id, k, n, ok := batchTrailers(b.Commit); ok && id == batchID && (k == i+1 || (n <= 1 && len(plan) == 1)) {
+				if tr := readTrailers(b.Commit); tr.carries(owner) && (tr.k == i+1 || (tr.n <= 1 && len(plan) == 1)) {
 					applyExisting(plan[i], existing)
 					return b.Commit.ID, nil
 				}
@@ -200,10 +205,11 @@ func applyExisting(files []FileAction, existing map[string]bool) {
 	}
 }
 
-// commitMessage appends the trailers as the message's last paragraph. When the
-// message already ends with a paragraph of trailers (the scanner's principals), batcherd's
-// join it: git reads trailers from the last paragraph only.
-func commitMessage(message string, batchID int64, chunk, chunks int) string {
+// commitMessage appends the trailers as the message's last paragraph: the
+// installation (when the branch names one), the batch, and the chunk of a split batch.
+// When the message already ends with a paragraph of trailers (the scanner's
+// principals), batcherd's join it: git reads trailers from the last paragraph only.
+func commitMessage(message string, owner Owner, chunk, chunks int) string {
 	var b strings.Builder
 	message = strings.TrimRight(message, " \t\r\n")
 	b.WriteString(message)
@@ -212,7 +218,10 @@ func commitMessage(message string, batchID int64, chunk, chunks int) string {
 	} else {
 		b.WriteString("\n\n")
 	}
-	fmt.Fprintf(&b, "%s: %d", CommitTrailer, batchID)
+	if owner.Installation != "" {
+		fmt.Fprintf(&b, "%s: %s\n", domain.TrailerInstallation, owner.Installation)
+	}
+	fmt.Fprintf(&b, "%s: %d", CommitTrailer, owner.BatchID)
 	if chunks > 1 {
 		fmt.Fprintf(&b, "\n%s: %d/%d", ChunkTrailer, chunk, chunks)
 	}
@@ -236,11 +245,22 @@ func endsWithTrailers(message string) bool {
 	return true
 }
 
-// batchTrailers reads the batch id and chunk k/n (0/0 when absent) of a commit, from
-// the message itself (GitLab's parsed trailers field is absent on old versions).
-func batchTrailers(c *glCommit) (id int64, k, n int, ok bool) {
+// commitTrailers is what a commit says about its batch: the installation ("" when the
+// commit names none), the batch id, and the chunk k/n (0/0 when absent).
+type commitTrailers struct {
+	installation string
+	batchID      int64
+	hasBatch     bool
+	k, n         int
+}
+
+// batchTrailers reads a commit's batch trailers from the message itself (GitLab's parsed
+// trailers fields are absent on old versions), then from extended_trailers (values are
+// arrays of strings) and trailers, for whatever the message did not give.
+func readTrailers(c *glCommit) commitTrailers {
+	var t commitTrailers
 	if c == nil {
-		return 0, 0, 0, false
+		return t
 	}
 	for line := range strings.SplitSeq(c.Message, "\n") {
 		key, val, found := strings.Cut(strings.TrimSpace(line), ":")
@@ -249,24 +269,42 @@ func batchTrailers(c *glCommit) (id int64, k, n int, ok bool) {
 		}
 		val = strings.TrimSpace(val)
 		switch key {
+		case domain.TrailerInstallation:
+			t.installation = val
 		case CommitTrailer:
 			if v, err := strconv.ParseInt(val, 10, 64); err == nil {
-				id, ok = v, true
+				t.batchID, t.hasBatch = v, true
 			}
 		case ChunkTrailer:
 			a, b, _ := strings.Cut(val, "/")
-			k, _ = strconv.Atoi(a)
-			n, _ = strconv.Atoi(b)
+			t.k, _ = strconv.Atoi(a)
+			t.n, _ = strconv.Atoi(b)
 		}
 	}
-	if !ok {
-		if v, found := c.Trailers[CommitTrailer]; found {
-			if x, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
-				id, ok = x, true
+	parsed := func(key string) (string, bool) {
+		if vs := c.ExtendedTrailers[key]; len(vs) > 0 {
+			return strings.TrimSpace(vs[len(vs)-1]), true
+		}
+		v, ok := c.Trailers[key]
+		return strings.TrimSpace(v), ok
+	}
+	if !t.hasBatch {
+		if v, ok := parsed(CommitTrailer); ok {
+			if x, err := strconv.ParseInt(v, 10, 64); err == nil {
+				t.batchID, t.hasBatch = x, true
 			}
 		}
 	}
-	return id, k, n, ok
+	if t.installation == "" {
+		t.installation, _ = parsed(domain.TrailerInstallation)
+	}
+	return t
+}
+
+// carries reports whether the commit carries owner's trailers: this installation's id
+// (none for a legacy owner) and this batch's id.
+func (t commitTrailers) carries(owner Owner) bool {
+	return t.hasBatch && t.batchID == owner.BatchID && t.installation == owner.Installation
 }
 
 // listExisting reports which of paths exist as files on ref, from as few tree

@@ -10,6 +10,7 @@ package mr
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/batcherd/batcherd/internal/domain"
@@ -19,9 +20,47 @@ import (
 const Label = "batcherd"
 
 // CommitTrailer is the git trailer key carrying the batch id in every batch commit. A
-// branch whose head commit carries "Batcherd-Batch: <id>" already has the batch's
-// commit (the answer to the commit call may have been lost).
-const CommitTrailer = "Batcherd-Batch"
+// branch whose head commit carries "Batcherd-Batch: <id>" (and, on an installation's
+// branch, "Batcherd-Installation: <installation>") already has the batch's commit (the
+// answer to the commit call may have been lost).
+const CommitTrailer = domain.TrailerBatch
+
+// Owner is the batch a branch belongs to: the installation named in the branch
+// (batcherd/<installation>/batch-<id>; "" for a legacy batcherd/batch-<id> branch) and
+// the batch id. A batch commit carries both as trailers, and an MR is the batch's only
+// when its commits do.
+type Owner struct {
+	Installation string
+	BatchID      int64
+}
+
+// ownerOf is the owner of branch as batch batchID: the installation comes from the
+// branch name (none when the name is not an installation's batch branch).
+func ownerOf(branch string, batchID int64) Owner {
+	inst, _, _ := domain.ParseBranch(branch)
+	return Owner{Installation: inst, BatchID: batchID}
+}
+
+// ForeignMRError: the MR found for a batch's branch is not the batch's — its commits do
+// not carry this installation's trailers for this batch (another installation's, a
+// database re-created against an old project, a human's branch of the same name). It
+// is never adopted: never recorded, merged, closed or settled as the batch's.
+type ForeignMRError struct {
+	Branch string
+	Owner  Owner
+	IID    int64
+	State  string
+	WebURL string
+}
+
+func (e *ForeignMRError) Error() string {
+	inst := e.Owner.Installation
+	if inst == "" {
+		inst = "(none: legacy branch)"
+	}
+	return fmt.Sprintf("merge request !%d (%s, %s) on branch %s is not this batch's: its commits do not carry %s: %s and %s: %d; it was left alone",
+		e.IID, e.State, e.WebURL, e.Branch, domain.TrailerInstallation, inst, CommitTrailer, e.Owner.BatchID)
+}
 
 // MR states as GitLab reports them.
 const (
@@ -95,6 +134,7 @@ type FileAction struct {
 // MRSpec describes the MR to ensure for a batch branch.
 type MRSpec struct {
 	SourceBranch string
+	BatchID      int64 // the batch of SourceBranch: its commits carry it (FindMR)
 	TargetBranch string
 	Title        string
 	Description  string

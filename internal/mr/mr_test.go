@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/batcherd/batcherd/internal/domain"
 	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"go.yaml.in/yaml/v3"
@@ -84,7 +85,7 @@ func publish(t *testing.T, c *mr.Client, batch int64, files []mr.FileAction) (mr
 	}
 	sha := must(c.CommitFiles(ctx(t), proj, branch, batch, fmt.Sprintf("batcherd: batch %d", batch), files)).SHA
 	m := must(c.EnsureMR(ctx(t), proj, mr.MRSpec{
-		SourceBranch: branch, TargetBranch: "main", Title: fmt.Sprintf("batcherd: batch %d", batch),
+		SourceBranch: branch, BatchID: batch, TargetBranch: "main", Title: fmt.Sprintf("batcherd: batch %d", batch),
 		Description: fmt.Sprintf("Batch %d", batch), Labels: []string{"access"},
 	}))
 	return m, sha
@@ -182,18 +183,18 @@ func TestCommitFilesIsIdempotentByTrailer(t *testing.T) {
 
 func TestFindMRAnyStateAndNeverASecond(t *testing.T) {
 	sim, c := setup(t, gitlabsim.Options{ManualPipelines: true})
-	if _, found, err := c.FindMR(ctx(t), proj, "batcherd/batch-1"); err != nil || found {
+	if _, found, err := c.FindMR(ctx(t), proj, "batcherd/batch-1", 1); err != nil || found {
 		t.Fatalf("FindMR on a fresh branch: found=%v err=%v", found, err)
 	}
 	m, _ := publish(t, c, 1, []mr.FileAction{grant("alice", "db")})
 	if err := sim.CloseMR(proj, m.IID); err != nil {
 		t.Fatal(err)
 	}
-	found, ok, err := c.FindMR(ctx(t), proj, "batcherd/batch-1")
+	found, ok, err := c.FindMR(ctx(t), proj, "batcherd/batch-1", 1)
 	if err != nil || !ok || found.IID != m.IID || found.State != mr.StateClosed || found.ClosedAt == nil {
 		t.Fatalf("FindMR of a closed MR: %+v ok=%v err=%v", found, ok, err)
 	}
-	again := must(c.EnsureMR(ctx(t), proj, mr.MRSpec{SourceBranch: "batcherd/batch-1", Title: "x"}))
+	again := must(c.EnsureMR(ctx(t), proj, mr.MRSpec{SourceBranch: "batcherd/batch-1", BatchID: 1, Title: "x"}))
 	if again.IID != m.IID || len(sim.MRsByBranch(proj)["batcherd/batch-1"]) != 1 {
 		t.Fatalf("EnsureMR opened a second MR for a branch whose MR is closed: %+v", sim.MRsByBranch(proj))
 	}
@@ -209,7 +210,7 @@ func TestFindMRIgnoresForksAndOtherTargets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, found, err := c.FindMR(ctx(t), proj, branch); err != nil || found {
+	if _, found, err := c.FindMR(ctx(t), proj, branch, 4); err != nil || found {
 		t.Fatalf("FindMR adopted a fork's MR: found=%v err=%v", found, err)
 	}
 	if err := c.EnsureBranch(ctx(t), proj, branch, "main"); err != nil {
@@ -221,14 +222,14 @@ func TestFindMRIgnoresForksAndOtherTargets(t *testing.T) {
 	if _, err := sim.OpenMR(proj, branch, "release", nil, false); err != nil {
 		t.Fatal(err)
 	}
-	if _, found, err := c.FindMR(ctx(t), proj, branch); err != nil || found {
+	if _, found, err := c.FindMR(ctx(t), proj, branch, 4); err != nil || found {
 		t.Fatalf("FindMR adopted an MR into another branch: found=%v err=%v", found, err)
 	}
 	m, _ := publish(t, c, 4, []mr.FileAction{grant("alice", "db")})
 	if m.IID == forked || m.SourceBranch != branch || m.TargetBranch != "main" {
 		t.Fatalf("EnsureMR answered %+v, want the batch's own MR", m)
 	}
-	if found, ok, err := c.FindMR(ctx(t), proj, branch); err != nil || !ok || found.IID != m.IID {
+	if found, ok, err := c.FindMR(ctx(t), proj, branch, 4); err != nil || !ok || found.IID != m.IID {
 		t.Fatalf("FindMR = %+v ok=%v err=%v, want !%d", found, ok, err, m.IID)
 	}
 }
@@ -244,7 +245,7 @@ func TestEnsureMRConcurrentReplicasMakeOneMR(t *testing.T) {
 	errs := make([]error, 8)
 	for i := range iids {
 		wg.Go(func() {
-			m, err := c.EnsureMR(context.Background(), proj, mr.MRSpec{SourceBranch: "batcherd/batch-3", Title: "batch 3"})
+			m, err := c.EnsureMR(context.Background(), proj, mr.MRSpec{SourceBranch: "batcherd/batch-3", BatchID: 3, Title: "batch 3"})
 			iids[i], errs[i] = m.IID, err
 		})
 	}
@@ -608,7 +609,7 @@ func TestErrorClasses(t *testing.T) {
 
 	// A dropped connection on reads is retried; when it persists, it is transient.
 	sim.InjectFault(gitlabsim.Fault{Method: "GET", Route: "/projects/:id/merge_requests", Drop: true})
-	_, _, err = c.FindMR(ctx(t), proj, "batcherd/batch-3")
+	_, _, err = c.FindMR(ctx(t), proj, "batcherd/batch-3", 3)
 	wantClass(t, err, mr.ClassTransient, 0)
 	sim.ClearFaults()
 
@@ -771,5 +772,69 @@ func TestBindingYAMLNumbers(t *testing.T) {
 		if err := mr.CheckAttributeNumber(json.Number(n)); (err == nil) != ok {
 			t.Errorf("CheckAttributeNumber(%s) = %v, want ok=%v", n, err, ok)
 		}
+	}
+}
+
+// An MR is a batch's only when its commits carry the batch's trailers: this
+// installation's id (from the branch name) and the batch id. Another installation's
+// commit, a commit for another batch, or a human's commit on a branch of the same name
+// is foreign: FindMR names it in a *ForeignMRError and never returns it as found.
+func TestFindMRAdoptsOnlyMRsCarryingTheBatchTrailers(t *testing.T) {
+	sim, c := setup(t, gitlabsim.Options{})
+	const inst = "inst0001"
+	for i, tc := range []struct {
+		name    string
+		message string
+		ours    bool
+	}{
+		{"ours", "batch\n\nBatcherd-Installation: " + inst + "\nBatcherd-Batch: %d\n", true},
+		{"another installation", "batch\n\nBatcherd-Installation: inst0002\nBatcherd-Batch: %d\n", false},
+		{"another batch", "batch\n\nBatcherd-Installation: " + inst + "\nBatcherd-Batch: 999\n", false},
+		{"no installation", "batch\n\nBatcherd-Batch: %d\n", false},
+		{"a human", "fix a typo %d\n", false},
+	} {
+		id := int64(100 + i)
+		branch := fmt.Sprintf("batcherd/%s/batch-%d", inst, id)
+		content := "x\n"
+		msg := tc.message
+		if strings.Contains(msg, "%d") {
+			msg = fmt.Sprintf(msg, id)
+		}
+		if _, err := sim.CommitToBranch(proj, branch, map[string]*string{fmt.Sprintf("f%d.txt", id): &content}, msg); err != nil {
+			t.Fatal(err)
+		}
+		iid := must(sim.OpenMR(proj, branch, "main", []string{mr.Label}, false))
+		if err := sim.MergeMR(proj, iid); err != nil {
+			t.Fatal(err)
+		}
+		m, found, err := c.FindMR(ctx(t), proj, branch, id)
+		var foreign *mr.ForeignMRError
+		switch {
+		case tc.ours && (err != nil || !found || m.IID != iid):
+			t.Errorf("%s: FindMR = !%d found=%v err=%v, want !%d", tc.name, m.IID, found, err, iid)
+		case !tc.ours && (found || !errors.As(err, &foreign) || foreign.IID != iid || !strings.Contains(err.Error(), fmt.Sprintf("!%d", iid))):
+			t.Errorf("%s: FindMR = found=%v err=%v, want a ForeignMRError naming !%d", tc.name, found, err, iid)
+		}
+		if !tc.ours {
+			_, err := c.EnsureMR(ctx(t), proj, mr.MRSpec{SourceBranch: branch, BatchID: id, Title: "x"})
+			if !errors.As(err, &foreign) {
+				t.Errorf("%s: EnsureMR = %v, want the ForeignMRError", tc.name, err)
+			}
+		}
+	}
+	// The commit batcherd writes carries both trailers, and GitLab's extended_trailers
+	// (arrays of strings) decode.
+	branch := domain.BranchName(inst, 7)
+	if err := c.EnsureBranch(ctx(t), proj, branch, "main"); err != nil {
+		t.Fatal(err)
+	}
+	must(c.CommitFiles(ctx(t), proj, branch, 7, "batch 7", []mr.FileAction{grant("a", "b")}))
+	_, msg, _ := sim.HeadCommit(proj, branch)
+	if !strings.Contains(msg, "\n\nBatcherd-Installation: "+inst+"\nBatcherd-Batch: 7\n") {
+		t.Fatalf("commit message lacks the trailers:\n%s", msg)
+	}
+	m := must(c.EnsureMR(ctx(t), proj, mr.MRSpec{SourceBranch: branch, BatchID: 7, Title: "batch 7"}))
+	if got, found, err := c.FindMR(ctx(t), proj, branch, 7); err != nil || !found || got.IID != m.IID {
+		t.Fatalf("FindMR of batcherd's own MR: !%d %v %v", got.IID, found, err)
 	}
 }

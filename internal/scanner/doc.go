@@ -48,7 +48,7 @@
 //     per repository that may claim; a claim in flight elsewhere answers slot_occupied
 //     at once instead of being waited for.
 //   - publish (publish.go): a RUNNING batch without an MR gets its branch
-//     batcherd/batch-<id>, one commit, the MR; the MR is recorded with a guarded write
+//     batcherd/<installation>/batch-<id>, one commit, the MR; the MR is recorded with a guarded write
 //     BEFORE any merge is armed (fencing), then the merge mode is applied. Every step
 //     is idempotent by the deterministic branch, so any replica resumes a half-done
 //     publish without a second MR: after the publish lease when the publisher died,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/batcherd/batcherd/internal/domain"
 	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/store"
@@ -168,9 +169,19 @@ func (e *env) requireFiles(repo string, ops map[string]store.Operation, onMain b
 	}
 }
 
+// branch is the source branch of batch id of this test's installation.
+func (e *env) branch(id int64) string {
+	e.t.Helper()
+	inst, err := e.st.Installation(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return domain.BranchName(inst, id)
+}
+
 // mrsOf returns the MRs of a batch's branch.
 func (e *env) mrsOf(repo string, batchID int64) []gitlabsim.MRState {
-	return e.sim.MRsByBranch(repo)[store.BranchName(batchID)]
+	return e.sim.MRsByBranch(repo)[e.branch(batchID)]
 }
 
 // commitsMade counts commit creations the simulator did: answered 201, or faulted

@@ -176,8 +176,8 @@ func (g *instrumented) CommitFiles(ctx context.Context, project, branch string, 
 	return c, err
 }
 
-func (g *instrumented) FindMR(ctx context.Context, project, sourceBranch string) (mr.MergeRequest, bool, error) {
-	m, found, err := g.gl.FindMR(ctx, project, sourceBranch)
+func (g *instrumented) FindMR(ctx context.Context, project, sourceBranch string, batchID int64) (mr.MergeRequest, bool, error) {
+	m, found, err := g.gl.FindMR(ctx, project, sourceBranch, batchID)
 	g.count("find_mr", err)
 	return m, found, err
 }

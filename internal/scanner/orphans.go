@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/batcherd/batcherd/internal/domain"
 	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/store"
 )
@@ -62,6 +63,10 @@ func (l *orphanLoop) runOnce(ctx context.Context) error {
 
 // sweepOpen closes open labelled MRs of repo whose batch is not active.
 func (l *orphanLoop) sweepOpen(ctx context.Context, repo string) error {
+	inst, err := l.s.st.Installation(ctx)
+	if err != nil {
+		return err
+	}
 	open, err := l.s.gl.ListOpenLabeled(ctx, repo, mr.Label)
 	if err != nil {
 		return err
@@ -71,14 +76,29 @@ func (l *orphanLoop) sweepOpen(ctx context.Context, repo string) error {
 			break
 		}
 		log := l.log.With("repo", repo, "mr_iid", m.IID, "branch", m.SourceBranch)
-		id, ok := store.BatchIDFromBranch(m.SourceBranch)
+		branchInst, id, ok := domain.ParseBranch(m.SourceBranch)
 		if !ok {
 			// Labelled by hand, not a batch branch: not ours to close.
 			log.Debug("labelled MR on a non-batch branch; leaving it")
 			continue
 		}
+		if branchInst != "" && branchInst != inst {
+			// Another installation's batch (a second database on this project): its
+			// own replicas follow it.
+			log.Debug("another installation's batch MR; leaving it", "installation", branchInst)
+			continue
+		}
 		log = log.With("batch_id", id)
 		b, err := l.s.st.BatchGet(ctx, id)
+		if branchInst == "" && (err != nil || b.SourceBranch != m.SourceBranch) {
+			// A legacy branch (batcherd/batch-<id>, from before installations had ids)
+			// is ours only when our batch row recorded it; otherwise it may be any
+			// installation's, and closing it is not ours to do.
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				l.s.itemErr("orphans", log, "reading the MR's batch failed", err)
+			}
+			continue
+		}
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			// A batch row can only be missing if the database lost it (restore from an

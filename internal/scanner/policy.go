@@ -17,6 +17,11 @@ package scanner
 //	timeout             batch older than BatchTimeout               as infra
 //	gitlab_unavailable  timed out without an MR ever recorded       as infra
 //	mr_missing          the batch's MR no longer exists             as infra
+//	foreign_mr          the MR on the batch's branch is not the     as infra (a new batch has a new branch);
+//	                    batch's (its commits lack this              the MR is left alone
+//	                    installation's trailers for the batch)
+//	gitlab_refused      GitLab refused the batch's commit for good  as test: bisect down to the member whose
+//	                    (400/422: a path it will not store)         file GitLab refuses
 //	conflict            merge conflict / need rebase                retry once rebuilt on the new target head
 //	                                                                (ConflictRetries), then bisect
 //	unknown             pipeline failed, no failure_reason readable as conflict: retry once, then bisect
@@ -49,6 +54,8 @@ const (
 	ClassMRMissing    = domain.ClassMRMissing
 	ClassManual       = domain.ClassManual
 	ClassEmpty        = domain.ClassEmpty
+	ClassForeignMR    = domain.ClassForeignMR
+	ClassRefused      = domain.ClassRefused
 )
 
 // Member failure reasons (operation error codes) besides the classes.
@@ -128,7 +135,7 @@ func (p policy) plan(b store.Batch, f failure, ms []store.WaitingMember) ([]stor
 	case ClassClosedByUser:
 		return p.failAll(ms, string(ClassClosedByUser), EventClosedByUser,
 			fmt.Sprintf("merge request of batch %d was closed by someone else than batcherd: no retry", b.ID)), planOutcome{action: "fail"}
-	case ClassInfra, ClassTimeout, ClassUnavailable, ClassMRMissing, ClassCIBlocked:
+	case ClassInfra, ClassTimeout, ClassUnavailable, ClassMRMissing, ClassCIBlocked, ClassForeignMR:
 		if retries < p.infraRetries {
 			return p.retry(b, f, ms, retries)
 		}
@@ -140,7 +147,7 @@ func (p policy) plan(b store.Batch, f failure, ms []store.WaitingMember) ([]stor
 			return p.retry(b, f, ms, retries)
 		}
 		return p.isolate(b, f, ms)
-	case ClassTest:
+	case ClassTest, ClassRefused:
 		return p.isolate(b, f, ms)
 	}
 	return p.failAll(ms, string(f.class), store.EventMemberFailed, string(f.class)+": "+f.msg), planOutcome{action: "fail"}

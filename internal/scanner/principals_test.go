@@ -69,14 +69,14 @@ func TestPublishNamesPrincipals(t *testing.T) {
 		t.Errorf("the description carries a closing keyword GitLab would act on:\n%s", desc)
 	}
 
-	_, msg, ok := e.sim.HeadCommit(repo, store.BranchName(b.ID))
+	_, msg, ok := e.sim.HeadCommit(repo, e.branch(b.ID))
 	if !ok {
 		t.Fatal("no head commit")
 	}
 	paras := strings.Split(strings.TrimSpace(msg), "\n\n")
 	last := paras[len(paras)-1]
 	for _, want := range []string{"Batcherd-Requested-By: alice", "Batcherd-Requested-By: x__Closes__1_@root__a__http___evil.example___b_", "Batcherd-Approved-By: approver-00",
-		"Batcherd-Approved-By: approver-19", "Batcherd-Principals-Omitted: 5", fmt.Sprintf("Batcherd-Batch: %d", b.ID)} {
+		"Batcherd-Approved-By: approver-19", "Batcherd-Principals-Omitted: 5", fmt.Sprintf("Batcherd-Batch: %d", b.ID), "Batcherd-Installation: "} {
 		if !strings.Contains(last, want) {
 			t.Errorf("the commit's trailer paragraph lacks %q:\n%s", want, msg)
 		}

@@ -28,7 +28,7 @@ type publishConfig struct {
 
 // publishLoop gives each RUNNING batch without an MR its branch, commit and MR, records
 // the MR (fencing), then arms the merge. Every GitLab step is idempotent by the
-// deterministic branch batcherd/batch-<id>, so a publish abandoned at any step is
+// deterministic branch batcherd/<installation>/batch-<id>, so a publish abandoned at any step is
 // resumed by whichever replica reserves the batch next, never duplicated.
 type publishLoop struct {
 	s   *Scanner
@@ -144,8 +144,14 @@ func armsAutoMerge(state string, mode MergeMode) bool {
 // is opened), so the caller's retrySoon writes against the current version.
 func (l *publishLoop) publish(ctx context.Context, bp *store.Batch, log *slog.Logger) error {
 	b := *bp
-	branch := domain.BranchName(b.ID)
-	m, found, err := l.s.gl.FindMR(ctx, b.Repo, branch)
+	branch := batchBranch(b)
+	// Only an MR whose commits carry this installation's trailers for this batch is
+	// the batch's: anything else on the branch fails the batch, naming the MR, and is
+	// left alone.
+	m, found, err := l.s.gl.FindMR(ctx, b.Repo, branch, b.ID)
+	if isForeign(err) {
+		return l.foreign(ctx, b, err, log)
+	}
 	if err != nil {
 		return err
 	}
@@ -162,6 +168,9 @@ func (l *publishLoop) publish(ctx context.Context, bp *store.Batch, log *slog.Lo
 		}
 		rb, nm, err := l.openMR(ctx, b, branch, w, log)
 		*bp = rb // renewed, or b when the renewal did not happen
+		if isForeign(err) {
+			return l.foreign(ctx, rb, err, log)
+		}
 		if err != nil || nm == nil {
 			return err
 		}
@@ -253,6 +262,7 @@ func (l *publishLoop) openMR(ctx context.Context, b store.Batch, branch string, 
 	l.s.step(ctx, "publish.renewed", b.ID)
 	m, err := l.s.gl.EnsureMR(ctx, rb.Repo, mr.MRSpec{
 		SourceBranch: branch,
+		BatchID:      rb.ID,
 		TargetBranch: l.cfg.target,
 		Title:        mrTitle(rb, w.members),
 		Description:  mrDescription(rb, w.members, w.why),
@@ -488,4 +498,31 @@ func principalMD(name string, cut int) string {
 		name = string(r[:cut]) + "…"
 	}
 	return mr.MarkdownLiteral(name)
+}
+
+// batchBranch is the batch's source branch as its claim recorded it
+// (batcherd/<installation>/batch-<id>; batcherd/batch-<id> for a batch claimed before
+// installations had ids).
+func batchBranch(b store.Batch) string {
+	if b.SourceBranch != "" {
+		return b.SourceBranch
+	}
+	return domain.LegacyBranchName(b.ID)
+}
+
+// isForeign reports an MR on the batch's branch that is not the batch's.
+func isForeign(err error) bool {
+	var f *mr.ForeignMRError
+	return errors.As(err, &f)
+}
+
+// foreign fails batch b at once because the MR on its branch is someone else's: it is
+// never recorded, armed, merged or closed by batcherd, and the failure names it. The
+// members are retried in a new batch (a new id, so a new branch) like after an
+// infrastructure failure.
+func (l *publishLoop) foreign(ctx context.Context, b store.Batch, cause error, log *slog.Logger) error {
+	l.s.m.outcomes.WithLabelValues("publish", "foreign_mr").Inc()
+	log.Error("the MR on the batch's branch is not this batch's; failing the batch and leaving the MR alone", "err", cause)
+	_, err := l.s.settleFailure(ctx, b, failure{ClassForeignMR, cause.Error()}, log)
+	return err
 }

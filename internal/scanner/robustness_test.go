@@ -160,11 +160,11 @@ func TestOrphanSweepSurvivesOneBrokenRepo(t *testing.T) {
 	s, logs := e.loggedScanner("a")
 
 	// An open labelled MR of a batch the database does not know: an orphan.
-	branch := store.BranchName(999999)
+	branch := e.branch(999999)
 	if err := e.gl.EnsureBranch(bg, healthy, branch, "main"); err != nil {
 		t.Fatal(err)
 	}
-	orphan, err := e.gl.EnsureMR(bg, healthy, mr.MRSpec{SourceBranch: branch, TargetBranch: "main", Title: "orphan"})
+	orphan, err := e.gl.EnsureMR(bg, healthy, mr.MRSpec{SourceBranch: branch, BatchID: 999999, TargetBranch: "main", Title: "orphan"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +255,7 @@ func TestNothingToChangeSettlesWithoutAnMR(t *testing.T) {
 	if n := len(e.sim.MRsByBranch(repo)); n != 0 {
 		t.Fatalf("%d MRs opened for it", n)
 	}
-	if _, ok := e.sim.Branches(repo)[store.BranchName(b.ID)]; ok {
+	if _, ok := e.sim.Branches(repo)[e.branch(b.ID)]; ok {
 		t.Fatal("the empty batch branch was left behind")
 	}
 	e.requireOps(ids, store.OpMerged)
@@ -281,7 +281,7 @@ func TestHeadMovedBlocksEvenWhenItsPipelineFails(t *testing.T) {
 	s := e.scanner("a", nil) // isolate, the default
 	bg := context.Background()
 	b := e.published(s, repo)
-	if _, err := e.gl.CommitFiles(bg, repo, store.BranchName(b.ID), 999999, "a human's fix", []mr.FileAction{{Path: "human.txt", Content: "x\n"}}); err != nil {
+	if _, err := e.gl.CommitFiles(bg, repo, e.branch(b.ID), 999999, "a human's fix", []mr.FileAction{{Path: "human.txt", Content: "x\n"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.sim.FailMRPipeline(repo, *b.MRIID, "script_failure"); err != nil {

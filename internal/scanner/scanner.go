@@ -22,7 +22,7 @@ type GitLab interface {
 	EnsureBranch(ctx context.Context, project, branch, ref string) error
 	DeleteBranch(ctx context.Context, project, branch string) error
 	CommitFiles(ctx context.Context, project, branch string, batchID int64, message string, files []mr.FileAction) (mr.Commit, error)
-	FindMR(ctx context.Context, project, sourceBranch string) (mr.MergeRequest, bool, error)
+	FindMR(ctx context.Context, project, sourceBranch string, batchID int64) (mr.MergeRequest, bool, error)
 	EnsureMR(ctx context.Context, project string, spec mr.MRSpec) (mr.MergeRequest, error)
 	GetMR(ctx context.Context, project string, iid int64) (mr.MergeRequest, error)
 	SetAutoMerge(ctx context.Context, project string, iid int64, sha string) (mr.MergeRequest, error)

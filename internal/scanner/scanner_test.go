@@ -41,7 +41,7 @@ func TestHappyPathAutoMerge(t *testing.T) {
 		t.Fatalf("after publish: %+v, %v", b, err)
 	}
 	m, ok := e.sim.MR(repo, *b.MRIID)
-	if !ok || m.SourceBranch != store.BranchName(b.ID) || !m.AutoMerge && m.State != "merged" {
+	if !ok || m.SourceBranch != e.branch(b.ID) || !m.AutoMerge && m.State != "merged" {
 		t.Fatalf("MR after publish: %+v", m)
 	}
 	if !containsAll(m.Labels, mr.Label) {

@@ -2,6 +2,7 @@ package scanner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -138,7 +139,15 @@ func (s *Scanner) findBatchMR(ctx context.Context, b store.Batch) (mr.MergeReque
 			return m, false, err
 		}
 	}
-	return s.gl.FindMR(ctx, b.Repo, domain.BranchName(b.ID))
+	m, found, err := s.gl.FindMR(ctx, b.Repo, batchBranch(b), b.ID)
+	var foreign *mr.ForeignMRError
+	if errors.As(err, &foreign) {
+		// Someone else's MR on the batch's branch name: not ours to close, and never
+		// the batch's merge. The batch has no MR of its own.
+		s.log.Warn("the MR on the batch's branch is not this batch's; leaving it alone", "batch_id", b.ID, "foreign", foreign.Error())
+		return mr.MergeRequest{}, false, nil
+	}
+	return m, found, err
 }
 
 // closeForFailure is settle step 2 for an open MR: the class goes on record before

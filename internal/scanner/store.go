@@ -48,6 +48,9 @@ type Store interface {
 	CleanupIdempotency(ctx context.Context, chunk int) (int64, error)
 	CleanupWaiting(ctx context.Context, olderThan time.Duration, chunk int) (int64, error)
 	EventRecord(ctx context.Context, e store.Event) (bool, error)
+
+	// installation identity: names this installation's branches (orphans)
+	Installation(ctx context.Context) (string, error)
 }
 
 var _ Store = (*store.Store)(nil)

@@ -150,7 +150,7 @@ func TestPublishLeavesATimedOutBatch(t *testing.T) {
 	if err := s.publish.runOnce(bg); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := e.sim.Branches(repo)[store.BranchName(res.BatchID)]; ok {
+	if _, ok := e.sim.Branches(repo)[e.branch(res.BatchID)]; ok {
 		t.Fatal("publish took a batch past the timeout: its branch exists")
 	}
 	if err := s.timeout.runOnce(bg); err != nil {

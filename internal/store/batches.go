@@ -308,6 +308,12 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 	if max < 1 {
 		return ClaimResult{}, fmt.Errorf("store: BatchClaim max must be at least 1, got %d", max)
 	}
+	// The installation id names the batch's branch (cached after the first read, so
+	// this is no extra statement per claim).
+	inst, err := s.Installation(ctx)
+	if err != nil {
+		return ClaimResult{}, err
+	}
 	var res ClaimResult
 	slotTaken := false
 	// Probed before the transaction: the probe needs a connection of its own, and the
@@ -320,7 +326,7 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 	// COMMITTED takes no gap locks and releases non-matching rows at once. Correctness
 	// does not need a snapshot here: the slot keeps other claimants out, and the guarded
 	// UPDATE's affected-row check catches any row claimed elsewhere (I2).
-	err := s.withTx(ctx, sql.LevelReadCommitted, func(tx *sqlx.Tx) error {
+	err = s.withTx(ctx, sql.LevelReadCommitted, func(tx *sqlx.Tx) error {
 		batchID, err := takeSlot(ctx, tx, repo, noWait)
 		if err != nil {
 			if slotAnswer(err) {
@@ -371,7 +377,7 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 		if err := insertMembers(ctx, tx, batchID, sortedOps, why); err != nil {
 			return err
 		}
-		kind, err := finishClaimedBatch(ctx, tx, batchID, repo, grp, rows)
+		kind, err := finishClaimedBatch(ctx, tx, batchID, repo, grp, rows, inst)
 		if err != nil {
 			return err
 		}
@@ -504,7 +510,7 @@ func insertMembers(ctx context.Context, tx *sqlx.Tx, batchID int64, sortedOps []
 // returns the batch's kind. The batch row is still invisible to everyone else, so this
 // write needs no version guard or bump. A group is uniform in kind, parent and depth,
 // so the head row (rows[0]) speaks for it.
-func finishClaimedBatch(ctx context.Context, tx *sqlx.Tx, batchID int64, repo, grp string, rows []waitingRow) (string, error) {
+func finishClaimedBatch(ctx context.Context, tx *sqlx.Tx, batchID int64, repo, grp string, rows []waitingRow, inst string) (string, error) {
 	head := rows[0]
 	kind := head.Kind
 	if grp == "" {
@@ -512,7 +518,7 @@ func finishClaimedBatch(ctx context.Context, tx *sqlx.Tx, batchID int64, repo, g
 	}
 	r, err := tx.ExecContext(ctx,
 		"UPDATE merge_batch SET size = ?, source_branch = ?, kind = ?, grp = ?, parent_id = ?, depth = ? WHERE id = ?",
-		len(rows), BranchName(batchID), kind, grp, head.ParentID, head.Depth, batchID)
+		len(rows), domain.BranchName(inst, batchID), kind, grp, head.ParentID, head.Depth, batchID)
 	if err != nil {
 		return "", err
 	}

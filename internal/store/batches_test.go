@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/batcherd/batcherd/internal/domain"
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
 )
@@ -129,7 +130,11 @@ func TestClaimLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.Status != store.BatchRunning || b.Size != 3 || b.SourceBranch != store.BranchName(b.ID) || b.Repo != repo {
+	inst, err := st.Installation(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Status != store.BatchRunning || b.Size != 3 || b.SourceBranch != domain.BranchName(inst, b.ID) || b.Repo != repo {
 		t.Fatalf("claimed batch = %+v", b)
 	}
 	want := slices.Sorted(slices.Values(grants[:3]))

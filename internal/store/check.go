@@ -180,6 +180,9 @@ func (s *Store) CheckSchema(ctx context.Context) (SchemaReport, error) {
 	if err := s.checkColumns(ctx, &rep); err != nil {
 		return rep, err
 	}
+	if err := s.checkInstallation(ctx, &rep); err != nil {
+		return rep, err
+	}
 	for _, t := range versionTables {
 		if _, ok := byColumn[[2]string{t, "version"}]; !ok {
 			rep.problem("table %s: column version is missing (I6 guards every state write on it)", t)

@@ -36,5 +36,10 @@ func (s *Store) Migrate(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("applying migrations: %w", err)
 	}
+	// The installation id is written once, by the first migrate that finds no row
+	// (installation.go); later runs keep it.
+	if err := s.ensureInstallation(ctx); err != nil {
+		return fmt.Errorf("writing the installation id: %w", err)
+	}
 	return nil
 }

@@ -127,6 +127,9 @@ type Store struct {
 	// probed yet, 1 yes, 2 no; batches.go, takeSlot).
 	noWait atomic.Int32
 
+	// inst caches the installation id (installation.go).
+	inst installationCache
+
 	// Hooks lets tests stop a transaction at a chosen point (I2, I3 proofs). Nil in production.
 	Hooks *Hooks
 }

@@ -53,8 +53,6 @@ var (
 	ParseBatchStatus   = domain.ParseBatchStatus
 	LiveOpStatuses     = domain.LiveOpStatuses
 	FinishedOpStatuses = domain.FinishedOpStatuses
-	BranchName         = domain.BranchName
-	BatchIDFromBranch  = domain.BatchIDFromBranch
 )
 
 // Event is one append-only audit/explanation row.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/batcherd/batcherd/internal/domain"
 	"github.com/batcherd/batcherd/internal/harness"
 )
 
@@ -396,7 +397,7 @@ func (r *run) sniper(ctx context.Context) {
 		}
 		for _, repo := range sortedKeys(openBatchMRs(st)) {
 			for _, m := range openBatchMRs(st)[repo] {
-				id, ok := strings.CutPrefix(m.SourceBranch, "batcherd/batch-")
+				_, id, ok := domain.ParseBranch(m.SourceBranch)
 				if !ok {
 					continue
 				}

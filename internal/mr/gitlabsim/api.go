@@ -192,6 +192,9 @@ func createCommit(s *Sim, q *req) (*reply, *apiError) {
 			return nil, validationErr(fmt.Sprintf("actions[%d][file_path] is missing", i))
 		}
 		fp, perr := cleanPath(fp)
+		if perr == nil {
+			perr = s.refusedPath(q.proj, fp)
+		}
 		if perr != nil {
 			return nil, perr
 		}

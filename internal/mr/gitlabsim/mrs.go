@@ -132,6 +132,7 @@ func (s *Sim) doMerge(p *project, m *mergeRequest, sha string, human bool) error
 	m.mergedAt = &now
 	m.updatedAt = now
 	m.mergeCommit = mergeCommit
+	m.targetAtMerge = tgt
 	m.frozenSHA = src
 	m.autoMerge = false
 	m.mergedByHuman = human

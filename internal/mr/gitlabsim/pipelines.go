@@ -107,7 +107,12 @@ func listMRCommits(s *Sim, q *req) (*reply, *apiError) {
 		return nil, e
 	}
 	head := s.mrSHA(q.proj, m)
-	onTarget := s.ancestors(q.proj.branches[m.target])
+	// A merged MR keeps its commits: those the target did not have before the merge.
+	base := q.proj.branches[m.target]
+	if m.state == "merged" && m.targetAtMerge != "" {
+		base = m.targetAtMerge
+	}
+	onTarget := s.ancestors(base)
 	var cs []*commit // first-parent walk from the head: newest first
 	for cur := head; cur != "" && !onTarget[cur]; {
 		c := s.commits[cur]

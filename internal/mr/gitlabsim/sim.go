@@ -136,6 +136,9 @@ type Sim struct {
 	ts     *httptest.Server
 	url    string
 	timers map[*time.Timer]bool
+
+	// refused: paths createCommit refuses, by project path (boundary.go).
+	refused map[string][]RefusedPath
 }
 
 type project struct {
@@ -165,6 +168,7 @@ type mergeRequest struct {
 	mergedAt      *time.Time
 	closedAt      *time.Time
 	mergeCommit   string
+	targetAtMerge string // the target's head the merge was made on (the MR's commits stay those it did not have)
 	frozenSHA     string // head sha when merged/closed, or when the branch vanished
 	autoMerge     bool
 	autoMergeSHA  string

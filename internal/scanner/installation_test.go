@@ -1,0 +1,197 @@
+package scanner
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/batcherd/batcherd/internal/mr"
+	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
+	"github.com/batcherd/batcherd/internal/store"
+	"github.com/batcherd/batcherd/internal/store/storetest"
+)
+
+// Issue #14, lie 1: a second database pointed at the same GitLab project (a staging
+// install, a restore, a re-created database) counts batch ids from 1 again. Its batch 1
+// found the first installation's long-merged MR by the branch name and settled its
+// operations merged — with none of their files written. Each database's operations
+// must end merged with their own files on the target branch.
+func TestTwoDatabasesOneProjectNeverAdoptEachOthersMRs(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{}, repo)
+	bg := context.Background()
+	st2, _ := storetest.New(t)
+	a := e.scanner("a", nil)
+	b := New(e.testConfig("b"), st2, e.gl, testLogger(), prometheus.NewRegistry())
+
+	for round := range 3 {
+		idsA := storetest.InsertOps(t, e.st, storetest.Ops{Repo: repo, N: 4, Admit: true, Prefix: fmt.Sprintf("a%d", round)})
+		idsB := storetest.InsertOps(t, st2, storetest.Ops{Repo: repo, N: 4, Admit: true, Prefix: fmt.Sprintf("b%d", round)})
+		resA, err := a.RunRound(bg, repo)
+		if err != nil || resA.Outcome != store.ClaimClaimed {
+			t.Fatalf("round A: %+v %v", resA, err)
+		}
+		e.drive(a, resA.BatchID, 20*time.Second)
+		resB, err := b.RunRound(bg, repo)
+		if err != nil || resB.Outcome != store.ClaimClaimed {
+			t.Fatalf("round B: %+v %v", resB, err)
+		}
+		if resA.BatchID != resB.BatchID {
+			t.Fatalf("the two databases numbered their batches %d and %d; the test needs them equal", resA.BatchID, resB.BatchID)
+		}
+		driveStore(t, st2, b, resB.BatchID, 20*time.Second)
+
+		e.requireFiles(repo, e.requireOps(idsA, store.OpMerged), true)
+		opsB := map[string]store.Operation{}
+		for _, id := range idsB {
+			op, err := st2.OperationGet(bg, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if op.Status != store.OpMerged {
+				t.Errorf("database B, operation %s: %s (%s: %s), want merged", id, op.Status, op.ErrorCode, op.ErrorMessage)
+			}
+			opsB[id] = op
+		}
+		e.requireFiles(repo, opsB, true)
+	}
+	// Each database's batches have MRs of their own.
+	for id := int64(1); id <= 3; id++ {
+		ba, _ := e.st.BatchGet(bg, id)
+		bb, _ := st2.BatchGet(bg, id)
+		if ba.MRIID == nil || bb.MRIID == nil || *ba.MRIID == *bb.MRIID || ba.SourceBranch == bb.SourceBranch {
+			t.Errorf("batch %d: A %s %s, B %s %s — two databases share an MR or a branch", id, ba.SourceBranch, iidText(ba.MRIID), bb.SourceBranch, iidText(bb.MRIID))
+		}
+	}
+}
+
+// Issue #14, lie 1, the other way round: a database dropped and re-created against a
+// project full of old merged batch MRs (a former installation's, under the branch names
+// of that time and of installations since) starts at batch 1 and must write every file.
+func TestRecreatedDatabaseIgnoresOldMergedBatchMRs(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{}, repo)
+	bg := context.Background()
+	// The project's history: merged batch MRs 1..6 on the branch names a legacy
+	// installation used (batcherd/batch-<id>) and on another installation's.
+	for id := int64(1); id <= 6; id++ {
+		for _, branch := range []string{fmt.Sprintf("batcherd/batch-%d", id), fmt.Sprintf("batcherd/oldinst01/batch-%d", id)} {
+			if err := e.gl.EnsureBranch(bg, repo, branch, "main"); err != nil {
+				t.Fatal(err)
+			}
+			path := fmt.Sprintf("bindings/old/%s-%d.yaml", strings.ReplaceAll(branch, "/", "_"), id)
+			if _, err := e.gl.CommitFiles(bg, repo, branch, id, "an old batch", []mr.FileAction{{Path: path, Content: "old: true\n"}}); err != nil {
+				t.Fatal(err)
+			}
+			m, err := e.gl.EnsureMR(bg, repo, mr.MRSpec{SourceBranch: branch, BatchID: id, TargetBranch: "main", Title: "old batch", Labels: []string{mr.Label}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.sim.MergeMR(repo, m.IID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	s := e.scanner("new", nil)
+	for round := range 6 {
+		ids := storetest.InsertOps(t, e.st, storetest.Ops{Repo: repo, N: 3, Admit: true, Prefix: fmt.Sprintf("n%d", round)})
+		res, err := s.RunRound(bg, repo)
+		if err != nil || res.Outcome != store.ClaimClaimed {
+			t.Fatalf("round: %+v %v", res, err)
+		}
+		b := e.drive(s, res.BatchID, 20*time.Second)
+		if b.Status != store.BatchSucceeded {
+			t.Fatalf("batch %d: %s (%s: %s)", b.ID, b.Status, b.ErrorCode, b.ErrorMessage)
+		}
+		e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+	}
+}
+
+// An MR on the batch's own branch name whose commits do not carry this installation's
+// trailers for the batch (a human pushed a branch of that name; a database restored
+// from an old backup) is never adopted: the batch fails at once with a reason naming
+// the MR, the MR is left as it is, and the members go on in a new batch (new branch)
+// that writes their files.
+func TestForeignMROnTheBatchBranchIsNeverAdopted(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{}, repo)
+	bg := context.Background()
+	ids := storetest.InsertQueuedOps(t, e.st, repo, 3)
+	s := e.scanner("a", nil)
+	res, err := s.RunRound(bg, repo)
+	if err != nil || res.Outcome != store.ClaimClaimed {
+		t.Fatalf("round: %+v %v", res, err)
+	}
+	b, err := e.st.BatchGet(bg, res.BatchID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Someone else's merged MR on exactly that branch, its commit without our trailers.
+	content := "someone: else\n"
+	if _, err := e.sim.CommitToBranch(repo, b.SourceBranch, map[string]*string{"bindings/x/other.yaml": &content}, "someone's change\n\nBatcherd-Batch: 1"); err != nil {
+		t.Fatal(err)
+	}
+	iid, err := e.sim.OpenMR(repo, b.SourceBranch, "main", []string{mr.Label}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sim.MergeMR(repo, iid); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := s.publish.runOnce(bg); err != nil {
+		t.Logf("publish pass: %v", err)
+	}
+	b, _ = e.st.BatchGet(bg, res.BatchID)
+	if b.Status != store.BatchFailed || b.ErrorCode != string(ClassForeignMR) || !strings.Contains(b.ErrorMessage, fmt.Sprintf("!%d", iid)) {
+		t.Fatalf("batch %d: %s %s %q; want failed %s naming !%d", b.ID, b.Status, b.ErrorCode, b.ErrorMessage, ClassForeignMR, iid)
+	}
+	if b.MRIID != nil {
+		t.Fatalf("the foreign MR was recorded as the batch's: !%d", *b.MRIID)
+	}
+	if m, _ := e.sim.MR(repo, iid); m.State != "merged" {
+		t.Fatalf("foreign MR is %s", m.State)
+	}
+	// The members are retried in a new batch, on a new branch, and their files land
+	// (the settle claims the retry group at once; a round would too).
+	_, _ = s.RunRound(bg, repo)
+	retry, err := e.st.BatchList(bg, store.BatchFilter{Repo: repo, Limit: 1})
+	if err != nil || len(retry) != 1 || retry[0].ID == b.ID {
+		t.Fatalf("no retry batch: %+v %v", retry, err)
+	}
+	if b2 := e.drive(s, retry[0].ID, 20*time.Second); b2.Status != store.BatchSucceeded {
+		t.Fatalf("retry batch: %s (%s: %s)", b2.Status, b2.ErrorCode, b2.ErrorMessage)
+	}
+	e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+}
+
+// driveStore is env.drive for a scanner on another database.
+func driveStore(t *testing.T, st *store.Store, s *Scanner, id int64, within time.Duration) store.Batch {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(within)
+	for {
+		b, err := st.BatchGet(ctx, id)
+		if err != nil {
+			t.Fatalf("BatchGet(%d): %v", id, err)
+		}
+		if !b.Status.Active() {
+			return b
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("batch %d still %s after %s", id, b.Status, within)
+		}
+		_ = s.publish.runOnce(ctx)
+		_ = s.reconcile.runOnce(ctx)
+		_ = s.timeout.runOnce(ctx)
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func iidText(p *int64) string {
+	if p == nil {
+		return "no MR"
+	}
+	return fmt.Sprintf("!%d", *p)
+}
