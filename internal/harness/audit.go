@@ -27,6 +27,9 @@ type Expect struct {
 	Present, Absent []BindingKey
 	// Settled requires every batch to be finished (no running or blocked batch).
 	Settled bool
+	// SelfApprovalAllowed: the replicas run with BATCHERD_FOUR_EYES=false, so a merged
+	// operation may have been approved by its requester.
+	SelfApprovalAllowed bool
 }
 
 // AuditReport is what Audit found. Problems empty means every check passed.
@@ -164,6 +167,14 @@ func (c *Cluster) Audit(ctx context.Context, client *Client, exp Expect) (AuditR
 		if n := len(succeededIn[id]); n != 1 {
 			rep.problem("operation %s is merged but a member of %d succeeded batches %v", id, n, succeededIn[id])
 		}
+		// Principals: every merged operation says who applied and who approved it, and
+		// with four eyes (the harness's default) they differ unless it was auto-approved.
+		switch {
+		case op.RequestedBy == nil || op.ApprovedBy == nil:
+			rep.problem("operation %s is merged but does not name its requester (%s) and approver (%s)", id, strOrNull(op.RequestedBy), strOrNull(op.ApprovedBy))
+		case *op.ApprovedBy == *op.RequestedBy && !exp.SelfApprovalAllowed:
+			rep.problem("operation %s was approved by its requester %q (four eyes)", id, *op.RequestedBy)
+		}
 	}
 
 	for _, k := range exp.Present {
@@ -228,6 +239,13 @@ func describeMRs(mrs []SimMR) string {
 		parts[i] = fmt.Sprintf("!%d %s", m.IID, m.State)
 	}
 	return strings.Join(parts, ", ")
+}
+
+func strOrNull(p *string) string {
+	if p == nil {
+		return "null"
+	}
+	return *p
 }
 
 func deref(p *int64) any {
