@@ -5,7 +5,7 @@ PKGS      ?= ./...
 # Tests use their own databases on this server (created and dropped per test package).
 export BATCHERD_TEST_DSN ?= batcherd:batcherd@tcp(127.0.0.1:3306)/
 
-.PHONY: help db test-deps openapi-lint gitlab-matrix test test-race test-short lint build bench demo run chaos ha clean
+.PHONY: help db run-db test-deps openapi-lint gitlab-matrix test test-race test-short lint build bench demo run chaos ha clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -44,6 +44,9 @@ bench: db build ## measure admission, claims, settlement, contention and an end-
 
 demo: db build ## the quickstart: fresh database, GitLab simulator, 3 replicas as processes, ~300 operations, one replica killed (about a minute)
 	$(BIN)/batcherd-demo -bin $(BIN)
+
+run-db: ## create the database and user the README's run section uses (batcherd, batcherd_run/batcherd_run; as root)
+	@scripts/mariadb-bootstrap.sh --run-db
 
 run: build ## one replica against your own MySQL and GitLab, configured by BATCHERD_* variables (bin/batcherd help lists them; bin/batcherd migrate once first)
 	exec $(BIN)/batcherd serve

@@ -12,14 +12,29 @@
 #      unix socket (error 1698 over TCP), so the user is created through the socket as root.
 #      A user that already logs in is left as it is.
 #
+# With --run-db (make run-db) step 3 makes instead what the README's run section uses:
+# the database BATCHERD_RUN_DB (batcherd) and the user BATCHERD_RUN_USER/BATCHERD_RUN_PASSWORD
+# (batcherd_run/batcherd_run) with the grants batcherd needs on it (the README's MySQL
+# requirements: the runtime's and migrate's), again on nothing else.
+#
 # Environment: BATCHERD_DB_HOST (127.0.0.1), BATCHERD_DB_PORT (3306), BATCHERD_DB_SOCKET
 # (root's unix socket; default: the client's).
 set -euo pipefail
 
 host=${BATCHERD_DB_HOST:-127.0.0.1}
 port=${BATCHERD_DB_PORT:-3306}
-user=${BATCHERD_TEST_USER:-batcherd}
-pass=${BATCHERD_TEST_PASSWORD:-batcherd}
+mode=test
+if [ "${1:-}" = --run-db ]; then
+  mode=run
+  user=${BATCHERD_RUN_USER:-batcherd_run}
+  pass=${BATCHERD_RUN_PASSWORD:-batcherd_run}
+  rundb=${BATCHERD_RUN_DB:-batcherd}
+elif [ -n "${1:-}" ]; then
+  echo "usage: $0 [--run-db]" >&2; exit 2
+else
+  user=${BATCHERD_TEST_USER:-batcherd}
+  pass=${BATCHERD_TEST_PASSWORD:-batcherd}
+fi
 
 log() { [ -n "${VERBOSE:-}" ] && echo "mariadb-bootstrap: $*" >&2 || true; }
 die() { echo "mariadb-bootstrap: $*" >&2; exit 1; }
@@ -30,7 +45,7 @@ client() {
 
 user_ok() {
   local c; c=$(client); [ -n "$c" ] || return 1
-  "$c" --protocol=tcp -h"$host" -P"$port" -u"$user" -p"$pass" -e 'SELECT 1' >/dev/null 2>&1
+  "$c" --protocol=tcp -h"$host" -P"$port" -u"$user" -p"$pass" -e 'SELECT 1' ${rundb:+"$rundb"} >/dev/null 2>&1
 }
 
 server_up() {
@@ -70,6 +85,21 @@ if ! server_up; then
   nohup "$mbin" --user=mysql --bind-address="$host" --port="$port" >/tmp/batcherd-mariadbd.log 2>&1 &
   for _ in $(seq 1 60); do server_up && break; sleep 0.5; done
   server_up || die "mariadbd did not come up within 30 s; see /tmp/batcherd-mariadbd.log"
+fi
+
+if [ "$mode" = run ]; then
+  # What `batcherd migrate` and `serve` need on their database (README, MySQL requirements).
+  grants="SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, INDEX, DROP, REFERENCES"
+  sql="CREATE DATABASE IF NOT EXISTS \`$rundb\` CHARACTER SET utf8mb4;"
+  for h in 127.0.0.1 localhost; do
+    sql+="
+CREATE USER IF NOT EXISTS '$user'@'$h' IDENTIFIED BY '$pass';
+GRANT $grants ON \`$rundb\`.* TO '$user'@'$h';"
+  done
+  as_root -e "$sql" || die "could not create database $rundb and user $user as root (socket or TCP): run this as root (sudo make run-db), or create them yourself"
+  user_ok || die "user $user cannot use database $rundb over TCP at $host:$port"
+  echo "mariadb-bootstrap: database $rundb and user $user ready: BATCHERD_MYSQL_DSN='$user:$pass@tcp($host:$port)/$rundb'" >&2
+  exit 0
 fi
 
 # The name patterns of the databases the test user creates and drops (`_` escaped: in a

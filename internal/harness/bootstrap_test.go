@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
 )
 
@@ -36,13 +37,18 @@ func TestBootstrapGrantsOnlyTheTestDatabases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.CommandContext(ctx, filepath.Join(root, "scripts", "mariadb-bootstrap.sh"))
-	cmd.Env = append(os.Environ(), "BATCHERD_DB_PORT="+strconv.Itoa(m.Port), "BATCHERD_TEST_USER=granttest",
-		"BATCHERD_TEST_PASSWORD=granttest-pw",
-		"BATCHERD_DB_SOCKET="+m.Socket) // root's socket fallback must reach this server, not the machine's
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("mariadb-bootstrap.sh: %v\n%s", err, out)
+	bootstrap := func(args ...string) {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, filepath.Join(root, "scripts", "mariadb-bootstrap.sh"), args...)
+		cmd.Env = append(os.Environ(), "BATCHERD_DB_PORT="+strconv.Itoa(m.Port), "BATCHERD_TEST_USER=granttest",
+			"BATCHERD_TEST_PASSWORD=granttest-pw",
+			"BATCHERD_DB_SOCKET="+m.Socket) // root's socket fallback must reach this server, not the machine's
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("mariadb-bootstrap.sh %v: %v\n%s", args, err, out)
+		}
 	}
+	bootstrap()
+	t.Run("run-db", func(t *testing.T) { testRunDB(ctx, t, m, bootstrap) })
 
 	cfg := mysql.NewConfig()
 	cfg.User, cfg.Passwd, cfg.Net, cfg.Addr = "granttest", "granttest-pw", "tcp", "127.0.0.1:"+strconv.Itoa(m.Port)
@@ -93,5 +99,28 @@ func TestBootstrapGrantsOnlyTheTestDatabases(t *testing.T) {
 		if strings.Contains(g, " ON *.* ") && !strings.HasPrefix(g, "GRANT USAGE ON *.*") {
 			t.Errorf("global privilege: %s", g)
 		}
+	}
+}
+
+// testRunDB: `make run-db` (the README's run section) makes the database batcherd and a
+// user that can migrate it and pass the schema check, and create no other database.
+func testRunDB(ctx context.Context, t *testing.T, m *MariaDB, bootstrap func(...string)) {
+	bootstrap("--run-db")
+	bootstrap("--run-db") // idempotent
+	cfg := mysql.NewConfig()
+	cfg.User, cfg.Passwd, cfg.Net, cfg.Addr, cfg.DBName = "batcherd_run", "batcherd_run", "tcp", "127.0.0.1:"+strconv.Itoa(m.Port), "batcherd"
+	st, err := store.Open(ctx, cfg.FormatDSN(), store.Options{MaxOpenConns: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Migrate(ctx, nil); err != nil {
+		t.Fatalf("migrate as the run user: %v", err)
+	}
+	if _, err := st.CheckSchema(ctx); err != nil {
+		t.Fatalf("schema check as the run user: %v", err)
+	}
+	if _, err := st.DB().ExecContext(ctx, "CREATE DATABASE bt_run_user_may_not"); err == nil {
+		t.Error("the run user could create another database")
 	}
 }
