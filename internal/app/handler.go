@@ -50,6 +50,9 @@ func (a *App) authenticator() (*auth.Authenticator, error) {
 	if err != nil {
 		return nil, err
 	}
+	// From here on batcherd holds the tokens only as the digests in toks: the
+	// configuration's copies go (it stays with the replica for its whole life).
+	a.cfg.ForgetTokens()
 	var o *auth.OIDC
 	if a.cfg.OIDCEnabled() {
 		o, err = auth.NewOIDC(a.bg, auth.OIDCConfig{

@@ -47,6 +47,11 @@ func TestServePrincipalsEndToEnd(t *testing.T) {
 	a, stop := startApp(t, cfg)
 	defer stop()
 	base := "http://" + a.Addr()
+	// The replica keeps the tokens only as digests (internal/auth): its configuration
+	// no longer holds them.
+	if cfg.APITokens != nil || cfg.AdminTokens != nil {
+		t.Fatal("the configuration still holds the tokens after start")
+	}
 
 	claims := iss.Claims("4711")
 	claims["nickname"] = "erin"

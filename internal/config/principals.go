@@ -66,3 +66,12 @@ func loopback(host string) bool {
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
 }
+
+// ForgetTokens drops the configuration's copies of the API and admin tokens once
+// internal/auth holds their digests, so the replica keeps no token in the clear. The
+// lists read as set (<set>) no more afterwards: log the configuration before.
+func (c *Config) ForgetTokens() {
+	clear(c.APITokens)
+	clear(c.AdminTokens)
+	c.APITokens, c.AdminTokens = nil, nil
+}
