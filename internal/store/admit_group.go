@@ -521,29 +521,11 @@ func decideAdmission(p OperationCreateParams, now time.Time, b groupBinding) (ac
 			return x, ErrExpiresInPast
 		}
 	}
-	switch p.Action {
-	case ActionGrant:
-		if b.found && !b.Status.Reappliable() {
-			if b.Status == BindingActive {
-				return x, ErrBindingActive
-			}
-			return x, fmt.Errorf("%w: binding is %s", ErrBindingBusy, b.Status)
-		}
-	case ActionRevoke:
-		if !b.found {
-			return x, ErrBindingNotActive
-		}
-		switch b.Status {
-		case BindingActive:
-		case BindingPending, BindingRevoking, BindingFailed:
-			return x, fmt.Errorf("%w: binding is %s", ErrBindingBusy, b.Status)
-		default:
-			return x, fmt.Errorf("%w: binding is %s", ErrBindingNotActive, b.Status)
-		}
-		x.repo = b.Repo
-	default:
-		return x, fmt.Errorf("%w: unknown action %q", ErrInvalidRequest, p.Action)
+	repo, err := checkApplication(p.Action, p.Repo, b.Binding, b.found)
+	if err != nil {
+		return x, err
 	}
+	x.repo = repo
 	if p.AutoApprove {
 		x.status = OpQueued
 	}
@@ -572,35 +554,48 @@ type admitStmt struct {
 // With a zero now the operations take created_at/updated_at from the column default
 // (the statement's CURRENT_TIMESTAMP(6)) and the caller reads them back.
 func buildAdmitWrites(now time.Time, acc []accepted) (stmts []admitStmt, opStmt int) {
-	// 1. Idempotency keys, in key order (lock order between concurrent groups). A
-	//    concurrent request with the same key makes this wait and then 1062: fallback.
+	stmts = append(stmts, keyWrites(acc)...)
+	opStmt = len(stmts)
+	stmts = append(stmts, operationWrite(now, acc))
+	stmts = append(stmts, bindingWrites(acc)...)
+	stmts = append(stmts, waitingWrites(acc)...)
+	return append(stmts, auditWrite(acc)), opStmt
+}
+
+// keyWrites is step 1: idempotency keys, in (principal, key) order (lock order between
+// concurrent groups). A concurrent request with the same key makes this wait and then
+// 1062: fallback.
+func keyWrites(acc []accepted) []admitStmt {
 	var keyed []accepted
 	for _, x := range acc {
 		if x.r.p.IdempotencyKey != "" {
 			keyed = append(keyed, x)
 		}
 	}
-	if len(keyed) > 0 {
-		slices.SortFunc(keyed, func(x, y accepted) int {
-			if c := strings.Compare(x.r.p.RequestedBy, y.r.p.RequestedBy); c != 0 {
-				return c
-			}
-			return strings.Compare(x.r.p.IdempotencyKey, y.r.p.IdempotencyKey)
-		})
-		args := make([]any, 0, 5*len(keyed))
-		for _, x := range keyed {
-			ttl := x.r.p.IdempotencyTTL
-			if ttl <= 0 {
-				ttl = 24 * time.Hour
-			}
-			args = append(args, x.r.p.RequestedBy, x.r.p.IdempotencyKey, x.r.p.Fingerprint, x.r.p.OperationID, ttl.Microseconds())
-		}
-		stmts = append(stmts, admitStmt{`INSERT INTO idempotency_key (principal, idem_key, fingerprint, operation_id, expires_at) VALUES ` +
-			values("(?, ?, ?, ?, CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND)", len(keyed)), args, int64(len(keyed))})
+	if len(keyed) == 0 {
+		return nil
 	}
+	slices.SortFunc(keyed, func(x, y accepted) int {
+		if c := strings.Compare(x.r.p.RequestedBy, y.r.p.RequestedBy); c != 0 {
+			return c
+		}
+		return strings.Compare(x.r.p.IdempotencyKey, y.r.p.IdempotencyKey)
+	})
+	args := make([]any, 0, 5*len(keyed))
+	for _, x := range keyed {
+		ttl := x.r.p.IdempotencyTTL
+		if ttl <= 0 {
+			ttl = 24 * time.Hour
+		}
+		args = append(args, x.r.p.RequestedBy, x.r.p.IdempotencyKey, x.r.p.Fingerprint, x.r.p.OperationID, ttl.Microseconds())
+	}
+	return []admitStmt{{`INSERT INTO idempotency_key (principal, idem_key, fingerprint, operation_id, expires_at) VALUES ` +
+		values("(?, ?, ?, ?, CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND)", len(keyed)), args, int64(len(keyed))}}
+}
 
-	// 2. Operations, in arrival order, created_at = the group's clock read (or the
-	//    column default).
+// operationWrite is step 2: operations, in arrival order, created_at = the group's
+// clock read (or the column default).
+func operationWrite(now time.Time, acc []accepted) admitStmt {
 	args := make([]any, 0, 12*len(acc))
 	for _, x := range acc {
 		p := x.r.p
@@ -610,21 +605,21 @@ func buildAdmitWrites(now time.Time, acc []accepted) (stmts []admitStmt, opStmt 
 			args = append(args, now, now)
 		}
 	}
-	opStmt = len(stmts)
 	if now.IsZero() {
-		stmts = append(stmts, admitStmt{`INSERT INTO operation
+		return admitStmt{`INSERT INTO operation
 		(operation_id, subject, target, repo, action, status, expires_at, attributes, requested_by, approved_by) VALUES ` +
-			values("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", len(acc)), args, int64(len(acc))})
-	} else {
-		stmts = append(stmts, admitStmt{`INSERT INTO operation
-		(operation_id, subject, target, repo, action, status, expires_at, attributes, requested_by, approved_by, created_at, updated_at) VALUES ` +
-			values("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", len(acc)), args, int64(len(acc))})
+			values("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", len(acc)), args, int64(len(acc))}
 	}
+	return admitStmt{`INSERT INTO operation
+		(operation_id, subject, target, repo, action, status, expires_at, attributes, requested_by, approved_by, created_at, updated_at) VALUES ` +
+		values("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", len(acc)), args, int64(len(acc))}
+}
 
-	// 3. Bindings. New relations: one INSERT in (subject, target) order; a concurrent
-	//    first application of one of them makes it 1062 (fallback: the serial path
-	//    answers busy, as it would have). Existing ones: one guarded UPDATE on the exact
-	//    (id, status, version) each was read with (I5, I6), affected rows checked.
+// bindingWrites is step 3. New relations: one INSERT in (subject, target) order; a
+// concurrent first application of one of them makes it 1062 (fallback: the serial path
+// answers busy, as it would have). Existing ones: one guarded UPDATE on the exact (id,
+// status, version) each was read with (I5, I6), affected rows checked (reuseWrite).
+func bindingWrites(acc []accepted) []admitStmt {
 	var fresh, reuse []accepted
 	for _, x := range acc {
 		if x.b.found {
@@ -633,6 +628,7 @@ func buildAdmitWrites(now time.Time, acc []accepted) (stmts []admitStmt, opStmt 
 			fresh = append(fresh, x)
 		}
 	}
+	var stmts []admitStmt
 	if len(fresh) > 0 {
 		slices.SortFunc(fresh, func(x, y accepted) int {
 			if c := strings.Compare(x.r.p.Subject, y.r.p.Subject); c != 0 {
@@ -649,67 +645,78 @@ func buildAdmitWrites(now time.Time, acc []accepted) (stmts []admitStmt, opStmt 
 			values("(?, ?, ?, ?, ?, ?)", len(fresh)), args, int64(len(fresh))})
 	}
 	if len(reuse) > 0 {
-		slices.SortFunc(reuse, func(x, y accepted) int { return cmp.Compare(x.b.ID, y.b.ID) })
-		var status, opID, repo, exp strings.Builder
-		var aStatus, aOp, aRepo, aExp, aWhere []any
-		for _, x := range reuse {
-			to := BindingPending
-			if x.r.p.Action == ActionRevoke {
-				to = BindingRevoking
-			}
-			status.WriteString(" WHEN ? THEN ?")
-			aStatus = append(aStatus, x.b.ID, to)
-			opID.WriteString(" WHEN ? THEN ?")
-			aOp = append(aOp, x.b.ID, x.r.p.OperationID)
-			if x.r.p.Action == ActionGrant {
-				// A grant re-applies in place: its repo and expiry replace the old ones; a
-				// revoke keeps both (the file stays where it is until the revoke merges).
-				repo.WriteString(" WHEN ? THEN ?")
-				aRepo = append(aRepo, x.b.ID, x.repo)
-				exp.WriteString(" WHEN ? THEN ?")
-				aExp = append(aExp, x.b.ID, x.exp)
-			}
-			aWhere = append(aWhere, x.b.ID, x.b.Status, x.b.Version)
-		}
-		q := "UPDATE binding SET status = CASE id" + status.String() + " END, operation_id = CASE id" + opID.String() + " END"
-		all := append(aStatus, aOp...)
-		if repo.Len() > 0 {
-			q += ", repo = CASE id" + repo.String() + " ELSE repo END, expires_at = CASE id" + exp.String() + " ELSE expires_at END"
-			all = append(all, aRepo...)
-			all = append(all, aExp...)
-		}
-		q += ", version = version + 1, updated_at = CURRENT_TIMESTAMP(6) WHERE id IN (" + inPlaceholders(len(reuse)) +
-			") AND (id, status, version) IN (" + values("(?, ?, ?)", len(reuse)) + ")"
-		for _, x := range reuse {
-			all = append(all, x.b.ID)
-		}
-		all = append(all, aWhere...)
-		// Fewer rows than read means one of them moved on since the read: the group
-		// rolls back and each caller retries alone.
-		stmts = append(stmts, admitStmt{q, all, int64(len(reuse))})
+		stmts = append(stmts, reuseWrite(reuse))
 	}
+	return stmts
+}
 
-	// 4. Waiting rows of auto-approved operations (I4: unique operation_id). Every
-	//    operation here is new, so every row must be new: anything else is a state this
-	//    path does not explain, and the serial path decides.
+// reuseWrite is the guarded UPDATE of existing bindings, in id order. Fewer rows than
+// read means one of them moved on since the read: the group rolls back and each caller
+// retries alone.
+func reuseWrite(reuse []accepted) admitStmt {
+	slices.SortFunc(reuse, func(x, y accepted) int { return cmp.Compare(x.b.ID, y.b.ID) })
+	var status, opID, repo, exp strings.Builder
+	var aStatus, aOp, aRepo, aExp, aWhere []any
+	for _, x := range reuse {
+		to := BindingPending
+		if x.r.p.Action == ActionRevoke {
+			to = BindingRevoking
+		}
+		status.WriteString(" WHEN ? THEN ?")
+		aStatus = append(aStatus, x.b.ID, to)
+		opID.WriteString(" WHEN ? THEN ?")
+		aOp = append(aOp, x.b.ID, x.r.p.OperationID)
+		if x.r.p.Action == ActionGrant {
+			// A grant re-applies in place: its repo and expiry replace the old ones; a
+			// revoke keeps both (the file stays where it is until the revoke merges).
+			repo.WriteString(" WHEN ? THEN ?")
+			aRepo = append(aRepo, x.b.ID, x.repo)
+			exp.WriteString(" WHEN ? THEN ?")
+			aExp = append(aExp, x.b.ID, x.exp)
+		}
+		aWhere = append(aWhere, x.b.ID, x.b.Status, x.b.Version)
+	}
+	q := "UPDATE binding SET status = CASE id" + status.String() + " END, operation_id = CASE id" + opID.String() + " END"
+	all := append(aStatus, aOp...)
+	if repo.Len() > 0 {
+		q += ", repo = CASE id" + repo.String() + " ELSE repo END, expires_at = CASE id" + exp.String() + " ELSE expires_at END"
+		all = append(all, aRepo...)
+		all = append(all, aExp...)
+	}
+	q += ", version = version + 1, updated_at = CURRENT_TIMESTAMP(6) WHERE id IN (" + inPlaceholders(len(reuse)) +
+		") AND (id, status, version) IN (" + values("(?, ?, ?)", len(reuse)) + ")"
+	for _, x := range reuse {
+		all = append(all, x.b.ID)
+	}
+	all = append(all, aWhere...)
+	return admitStmt{q, all, int64(len(reuse))}
+}
+
+// waitingWrites is step 4: waiting rows of auto-approved operations (I4: unique
+// operation_id). Every operation here is new, so every row must be new: anything else
+// is a state this path does not explain, and the serial path decides.
+func waitingWrites(acc []accepted) []admitStmt {
 	var queued []accepted
 	for _, x := range acc {
 		if x.status == OpQueued {
 			queued = append(queued, x)
 		}
 	}
-	if len(queued) > 0 {
-		args := make([]any, 0, 2*len(queued))
-		for _, x := range queued {
-			args = append(args, x.r.p.OperationID, x.repo)
-		}
-		stmts = append(stmts, admitStmt{`INSERT INTO merge_batch_request (operation_id, repo) VALUES ` +
-			values("(?, ?)", len(queued)) + ` ON DUPLICATE KEY UPDATE id = id`, args, int64(len(queued))})
+	if len(queued) == 0 {
+		return nil
 	}
+	args := make([]any, 0, 2*len(queued))
+	for _, x := range queued {
+		args = append(args, x.r.p.OperationID, x.repo)
+	}
+	return []admitStmt{{`INSERT INTO merge_batch_request (operation_id, repo) VALUES ` +
+		values("(?, ?)", len(queued)) + ` ON DUPLICATE KEY UPDATE id = id`, args, int64(len(queued))}}
+}
 
-	// 5. Audit events: created (and admitted) per operation, one statement, in the order
-	//    the per-request path writes them.
-	args = make([]any, 0, 10*len(acc))
+// auditWrite is step 5: audit events, created (and admitted) per operation with their
+// actors, one statement, in the order the per-request path writes them.
+func auditWrite(acc []accepted) admitStmt {
+	args := make([]any, 0, 10*len(acc))
 	n := 0
 	for _, x := range acc {
 		p := x.r.p
@@ -722,9 +729,8 @@ func buildAdmitWrites(now time.Time, acc []accepted) (stmts []admitStmt, opStmt 
 			n++
 		}
 	}
-	stmts = append(stmts, admitStmt{`INSERT INTO audit_event (dedupe_key, operation_id, code, detail, actor) VALUES ` +
-		values("(?, ?, ?, ?, ?)", n) + ` ON DUPLICATE KEY UPDATE id = id`, args, -1})
-	return stmts, opStmt
+	return admitStmt{`INSERT INTO audit_event (dedupe_key, operation_id, code, detail, actor) VALUES ` +
+		values("(?, ?, ?, ?, ?)", n) + ` ON DUPLICATE KEY UPDATE id = id`, args, -1}
 }
 
 // autoincStepOf returns how the ids of a multi-row INSERT follow each other on this

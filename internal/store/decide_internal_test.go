@@ -6,6 +6,43 @@ import (
 	"testing"
 )
 
+// checkApplication is the decision both admission paths take on the binding they read
+// (I5): a table over every binding state, no database.
+func TestCheckApplication(t *testing.T) {
+	for _, c := range []struct {
+		action   Action
+		found    bool
+		status   BindingStatus
+		want     error
+		wantRepo string
+	}{
+		{ActionGrant, false, "", nil, "mine"},
+		{ActionGrant, true, BindingRejected, nil, "mine"}, // re-applied in place
+		{ActionGrant, true, BindingClosed, nil, "mine"},
+		{ActionGrant, true, BindingActive, ErrBindingActive, ""},
+		{ActionGrant, true, BindingPending, ErrBindingBusy, ""},
+		{ActionGrant, true, BindingRevoking, ErrBindingBusy, ""},
+		{ActionGrant, true, BindingFailed, ErrBindingBusy, ""}, // overwriting it would orphan its recovery
+		{ActionRevoke, false, "", ErrBindingNotActive, ""},
+		{ActionRevoke, true, BindingActive, nil, "theirs"}, // a revoke goes where the file is
+		{ActionRevoke, true, BindingPending, ErrBindingBusy, ""},
+		{ActionRevoke, true, BindingRevoking, ErrBindingBusy, ""},
+		{ActionRevoke, true, BindingFailed, ErrBindingBusy, ""},
+		{ActionRevoke, true, BindingClosed, ErrBindingNotActive, ""},
+		{ActionRevoke, true, BindingRejected, ErrBindingNotActive, ""},
+		{"frobnicate", false, "", ErrInvalidRequest, ""},
+	} {
+		b := Binding{Status: c.status, Repo: "theirs"}
+		repo, err := checkApplication(c.action, "mine", b, c.found)
+		if !errors.Is(err, c.want) || (c.want == nil && err != nil) {
+			t.Errorf("%s on found=%v %q: %v, want %v", c.action, c.found, c.status, err, c.want)
+		}
+		if err == nil && repo != c.wantRepo {
+			t.Errorf("%s on %q: repo %q, want %q", c.action, c.status, repo, c.wantRepo)
+		}
+	}
+}
+
 // claimAnswer: no claim outcome is an error, and a lost race is preempted only once
 // the slot was ours.
 func TestClaimAnswer(t *testing.T) {

@@ -185,84 +185,30 @@ func (s *Store) idempotencyAnswer(ctx context.Context, principal, key, fingerpri
 	return s.OperationGet(ctx, row.OperationID)
 }
 
+// operationCreateTx is one application in one transaction, step by step: the
+// idempotency key (idempotencyKeyTx), the expiry against the database clock
+// (expiryInFutureTx), the binding read and the decision on it (checkApplication, shared
+// with the group path), the operation row, the binding write (applyToBindingTx), the
+// created event, and for auto-approval the waiting row.
 func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) (Operation, error) {
 	var out Operation
 	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
-		if p.IdempotencyKey != "" {
-			// Check before insert: the common repeat is answered without touching locks.
-			var live []bool
-			if err := tx.SelectContext(ctx, &live, `SELECT expires_at > CURRENT_TIMESTAMP(6)
-				FROM idempotency_key WHERE principal = ? AND idem_key = ?`, p.RequestedBy, p.IdempotencyKey); err != nil {
-				return err
-			}
-			if len(live) > 0 && live[0] {
-				return errIdemSeen
-			}
-			if len(live) > 0 {
-				// Expired but not purged yet: no longer an answer, free the key (guarded,
-				// so a key renewed meanwhile by another request stays).
-				if _, err := tx.ExecContext(ctx, `DELETE FROM idempotency_key
-					WHERE principal = ? AND idem_key = ? AND expires_at <= CURRENT_TIMESTAMP(6)`, p.RequestedBy, p.IdempotencyKey); err != nil {
-					return err
-				}
-			}
-			// The key row first: a concurrent request with the same key waits here on
-			// the unique key until we end, then gets 1062 and reads our answer.
-			ttl := p.IdempotencyTTL
-			if ttl <= 0 {
-				ttl = 24 * time.Hour
-			}
-			if _, err := tx.ExecContext(ctx, `INSERT INTO idempotency_key (principal, idem_key, fingerprint, operation_id, expires_at)
-				VALUES (?, ?, ?, ?, CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`,
-				p.RequestedBy, p.IdempotencyKey, p.Fingerprint, p.OperationID, ttl.Microseconds()); err != nil {
-				return err // 1062 → ErrDuplicate → the caller reads the winner
-			}
+		if err := idempotencyKeyTx(ctx, tx, p); err != nil {
+			return err
 		}
-
-		if p.ExpiresAt != nil {
-			if p.Action != ActionGrant {
-				return fmt.Errorf("%w: expires_at applies to grants only", ErrInvalidRequest)
-			}
-			var future bool
-			if err := tx.GetContext(ctx, &future, `SELECT ? > CURRENT_TIMESTAMP(6)`, p.ExpiresAt.UTC()); err != nil {
-				return err
-			}
-			if !future {
-				return ErrExpiresInPast
-			}
+		if err := expiryInFutureTx(ctx, tx, p); err != nil {
+			return err
 		}
-
 		// Plain read: the decision below is enforced by a guarded write on the exact
 		// status and version read (I5, I6), not by a lock taken here.
 		b, found, err := bindingBySubjectTarget(ctx, tx, p.Subject, p.Target, false)
 		if err != nil {
 			return err
 		}
-		repo := p.Repo
-		switch p.Action {
-		case ActionGrant:
-			if found && !b.Status.Reappliable() {
-				if b.Status == BindingActive {
-					return ErrBindingActive
-				}
-				return fmt.Errorf("%w: binding is %s", ErrBindingBusy, b.Status)
-			}
-		case ActionRevoke:
-			if !found {
-				return ErrBindingNotActive
-			}
-			switch b.Status {
-			case BindingActive:
-			case BindingPending, BindingRevoking, BindingFailed:
-				return fmt.Errorf("%w: binding is %s", ErrBindingBusy, b.Status)
-			default:
-				return fmt.Errorf("%w: binding is %s", ErrBindingNotActive, b.Status)
-			}
-			repo = b.Repo
-		default:
-			return fmt.Errorf("%w: unknown action %q", ErrInvalidRequest, p.Action)
+		repo, err := checkApplication(p.Action, p.Repo, b, found)
+		if err != nil {
+			return err
 		}
-
 		status := OpPendingApproval
 		if p.AutoApprove {
 			status = OpQueued
@@ -279,44 +225,9 @@ func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) 
 			p.RequestedBy, approvedByOnCreate(p)); err != nil {
 			return err
 		}
-
-		switch {
-		case p.Action == ActionGrant && !found:
-			// A concurrent first application of the same relation makes this 1062:
-			// it won, we lost (ErrLostRace, read by the API as busy).
-			if _, err := tx.ExecContext(ctx, `INSERT INTO binding
-				(subject, target, repo, status, operation_id, expires_at) VALUES (?, ?, ?, ?, ?, ?)`,
-				p.Subject, p.Target, repo, BindingPending, p.OperationID, utcPtr(p.ExpiresAt)); err != nil {
-				if isDuplicate(err) {
-					return ErrLostRace
-				}
-				return err
-			}
-		case p.Action == ActionGrant:
-			// Re-apply in place (I5), guarded on the exact status and version read.
-			res, err := tx.ExecContext(ctx, `UPDATE binding SET status = ?, operation_id = ?, repo = ?,
-				expires_at = ?, version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
-				WHERE id = ? AND status = ? AND version = ?`,
-				BindingPending, p.OperationID, repo, utcPtr(p.ExpiresAt), b.ID, b.Status, b.Version)
-			if err != nil {
-				return err
-			}
-			if err := mustAffect(res, 1); err != nil {
-				return err
-			}
-		default: // revoke of an active binding
-			res, err := tx.ExecContext(ctx, `UPDATE binding SET status = ?, operation_id = ?,
-				version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
-				WHERE id = ? AND status = ? AND version = ?`,
-				BindingRevoking, p.OperationID, b.ID, BindingActive, b.Version)
-			if err != nil {
-				return err
-			}
-			if err := mustAffect(res, 1); err != nil {
-				return err
-			}
+		if err := applyToBindingTx(ctx, tx, p, repo, b, found); err != nil {
+			return err
 		}
-
 		if err := recordEventBy(ctx, tx, p.OperationID, EventCreated, 0, string(p.Action)+" "+p.Subject+" → "+p.Target, p.RequestedBy); err != nil {
 			return err
 		}
@@ -325,14 +236,131 @@ func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) 
 				return err
 			}
 		}
-		o, err := operationByID(ctx, tx, p.OperationID, false)
-		if err != nil {
-			return err
-		}
-		out = o
-		return nil
+		out, err = operationByID(ctx, tx, p.OperationID, false)
+		return err
 	})
 	return out, err
+}
+
+// idempotencyKeyTx takes the request's idempotency key (scoped to its principal), if
+// it has one. A live stored key ends the transaction with errIdemSeen (checked before
+// the insert: the common repeat is answered without touching locks); a key another
+// request holds right now makes the INSERT wait on the unique key until that one ends,
+// then 1062 (ErrDuplicate): either way the caller reads the stored answer.
+func idempotencyKeyTx(ctx context.Context, tx *sqlx.Tx, p OperationCreateParams) error {
+	if p.IdempotencyKey == "" {
+		return nil
+	}
+	var live []bool
+	if err := tx.SelectContext(ctx, &live, `SELECT expires_at > CURRENT_TIMESTAMP(6)
+		FROM idempotency_key WHERE principal = ? AND idem_key = ?`, p.RequestedBy, p.IdempotencyKey); err != nil {
+		return err
+	}
+	if len(live) > 0 && live[0] {
+		return errIdemSeen
+	}
+	if len(live) > 0 {
+		// Expired but not purged yet: no longer an answer, free the key (guarded, so a
+		// key renewed meanwhile by another request stays).
+		if _, err := tx.ExecContext(ctx, `DELETE FROM idempotency_key
+			WHERE principal = ? AND idem_key = ? AND expires_at <= CURRENT_TIMESTAMP(6)`, p.RequestedBy, p.IdempotencyKey); err != nil {
+			return err
+		}
+	}
+	ttl := p.IdempotencyTTL
+	if ttl <= 0 {
+		ttl = 24 * time.Hour
+	}
+	_, err := tx.ExecContext(ctx, `INSERT INTO idempotency_key (principal, idem_key, fingerprint, operation_id, expires_at)
+		VALUES (?, ?, ?, ?, CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`,
+		p.RequestedBy, p.IdempotencyKey, p.Fingerprint, p.OperationID, ttl.Microseconds())
+	return err // 1062 → ErrDuplicate → the caller reads the winner
+}
+
+// expiryInFutureTx checks a grant's expires_at against the database clock (never the
+// replica's).
+func expiryInFutureTx(ctx context.Context, tx *sqlx.Tx, p OperationCreateParams) error {
+	if p.ExpiresAt == nil {
+		return nil
+	}
+	if p.Action != ActionGrant {
+		return fmt.Errorf("%w: expires_at applies to grants only", ErrInvalidRequest)
+	}
+	var future bool
+	if err := tx.GetContext(ctx, &future, `SELECT ? > CURRENT_TIMESTAMP(6)`, p.ExpiresAt.UTC()); err != nil {
+		return err
+	}
+	if !future {
+		return ErrExpiresInPast
+	}
+	return nil
+}
+
+// checkApplication decides whether an application of action may proceed on the
+// binding as read (found false: no row yet), and returns the repository it goes to: a
+// grant's own, a revoke always the binding's (where its file is). Only re-appliable
+// bindings take a grant (I5); only active ones a revoke. Shared by the serial and the
+// group admission, so both answer alike.
+func checkApplication(action Action, repo string, b Binding, found bool) (string, error) {
+	switch action {
+	case ActionGrant:
+		if found && !b.Status.Reappliable() {
+			if b.Status == BindingActive {
+				return repo, ErrBindingActive
+			}
+			return repo, fmt.Errorf("%w: binding is %s", ErrBindingBusy, b.Status)
+		}
+		return repo, nil
+	case ActionRevoke:
+		if !found {
+			return repo, ErrBindingNotActive
+		}
+		switch b.Status {
+		case BindingActive:
+			return b.Repo, nil
+		case BindingPending, BindingRevoking, BindingFailed:
+			return repo, fmt.Errorf("%w: binding is %s", ErrBindingBusy, b.Status)
+		}
+		return repo, fmt.Errorf("%w: binding is %s", ErrBindingNotActive, b.Status)
+	}
+	return repo, fmt.Errorf("%w: unknown action %q", ErrInvalidRequest, action)
+}
+
+// applyToBindingTx writes the application to its binding: a new row for a first grant
+// (a concurrent first application of the same relation makes it 1062: it won, we lost,
+// ErrLostRace, read by the API as busy); a re-application in place (I5) or a revoke of
+// an active binding, each guarded on the exact status and version read (I6).
+func applyToBindingTx(ctx context.Context, tx *sqlx.Tx, p OperationCreateParams, repo string, b Binding, found bool) error {
+	var (
+		res sql.Result
+		err error
+	)
+	switch {
+	case p.Action == ActionGrant && !found:
+		if _, err := tx.ExecContext(ctx, `INSERT INTO binding
+			(subject, target, repo, status, operation_id, expires_at) VALUES (?, ?, ?, ?, ?, ?)`,
+			p.Subject, p.Target, repo, BindingPending, p.OperationID, utcPtr(p.ExpiresAt)); err != nil {
+			if isDuplicate(err) {
+				return ErrLostRace
+			}
+			return err
+		}
+		return nil
+	case p.Action == ActionGrant:
+		res, err = tx.ExecContext(ctx, `UPDATE binding SET status = ?, operation_id = ?, repo = ?,
+			expires_at = ?, version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
+			WHERE id = ? AND status = ? AND version = ?`,
+			BindingPending, p.OperationID, repo, utcPtr(p.ExpiresAt), b.ID, b.Status, b.Version)
+	default: // revoke of an active binding
+		res, err = tx.ExecContext(ctx, `UPDATE binding SET status = ?, operation_id = ?,
+			version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
+			WHERE id = ? AND status = ? AND version = ?`,
+			BindingRevoking, p.OperationID, b.ID, BindingActive, b.Version)
+	}
+	if err != nil {
+		return err
+	}
+	return mustAffect(res, 1)
 }
 
 // OperationGet returns one operation by its public id. ErrNotFound when unknown.
