@@ -114,7 +114,16 @@ func (c *Client) Rebase(ctx context.Context, project string, iid int64) error {
 type CommitInfo struct {
 	ID       string
 	Trailers map[string]string
+	carries  commitTrailers
 }
+
+// Carries reports whether the commit carries owner's trailers (this installation's
+// Batcherd-Installation and the batch's Batcherd-Batch), read as FindMR reads them.
+func (c CommitInfo) Carries(owner Owner) bool { return c.carries.carries(owner) }
+
+// OwnerOf is the owner of a batch branch: the installation its name carries (none for
+// a legacy branch) and the batch.
+func OwnerOf(branch string, batchID int64) Owner { return ownerOf(branch, batchID) }
 
 // MRCommits lists the MR's own commits (those not on its target), newest first.
 func (c *Client) MRCommits(ctx context.Context, project string, iid int64) ([]CommitInfo, error) {
@@ -127,8 +136,8 @@ func (c *Client) MRCommits(ctx context.Context, project string, iid int64) ([]Co
 		if err != nil {
 			return nil, err
 		}
-		for _, x := range cs {
-			out = append(out, CommitInfo{ID: x.ID, Trailers: x.Trailers})
+		for i := range cs {
+			out = append(out, CommitInfo{ID: cs[i].ID, Trailers: cs[i].Trailers, carries: readTrailers(&cs[i])})
 		}
 		n, ok := gitlab.WithNext(resp)
 		if !ok {

@@ -23,7 +23,6 @@ package scanner
 import (
 	"context"
 	"log/slog"
-	"strconv"
 	"strings"
 
 	"github.com/batcherd/batcherd/internal/domain"
@@ -87,7 +86,7 @@ func (l *reconcileLoop) gitlabState(ctx context.Context, b store.Batch, m mr.Mer
 }
 
 // recordRebase: the MR's head is not the sha on record. If every commit the MR brings
-// carries this batch's trailer, the branch holds only batcherd's commits replayed onto
+// carries this installation's and this batch's trailers, the branch holds only batcherd's commits replayed onto
 // a newer target (our rebase, or a human pressing Rebase): the new head is recorded
 // with a guarded write before anything is armed with it, as publish records the first
 // (fencing). Anything else — a human's commit — is not ours, and blockReason reports
@@ -100,9 +99,9 @@ func (l *reconcileLoop) recordRebase(ctx context.Context, b store.Batch, m mr.Me
 	if len(commits) == 0 || commits[0].ID != m.SHA {
 		return b, false, nil
 	}
-	id := strconv.FormatInt(b.ID, 10)
+	owner := mr.OwnerOf(b.SourceBranch, b.ID)
 	for _, c := range commits {
-		if c.Trailers[mr.CommitTrailer] != id {
+		if !c.Carries(owner) {
 			return b, false, nil
 		}
 	}
