@@ -46,16 +46,9 @@ func Serve(ctx context.Context, cfg *config.Config, env Env) error {
 	return a.Run(ctx)
 }
 
-// New builds a replica and binds its listener (":0" picks a free port; see Addr). It
-// refuses to start on schema drift (I8) with ErrSchemaDrift.
-func New(ctx context.Context, cfg *config.Config, env Env) (*App, error) {
-	log := env.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	log = log.With("replica", cfg.ReplicaID)
-	// The effective configuration, secrets masked, so an operator can see what a replica
-	// actually runs with.
+// logConfiguration logs the effective configuration, secrets masked, so an operator can
+// see what a replica actually runs with.
+func logConfiguration(log *slog.Logger, cfg *config.Config) {
 	red := cfg.Redacted()
 	keys := make([]string, 0, len(red))
 	for k := range red {
@@ -67,6 +60,29 @@ func New(ctx context.Context, cfg *config.Config, env Env) (*App, error) {
 		attrs = append(attrs, k, red[k])
 	}
 	log.Info("configuration", attrs...)
+}
+
+// newRegistry is the replica's own metrics registry (never the global default: tests
+// run several replicas in one process) with the runtime's, the store's and build_info.
+func newRegistry(version string) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(store.Collectors()...)
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "batcherd_build_info", Help: "Always 1; labels carry the version."}, []string{"version"})
+	buildInfo.WithLabelValues(version).Set(1)
+	reg.MustRegister(buildInfo)
+	return reg
+}
+
+// New builds a replica and binds its listener (":0" picks a free port; see Addr). It
+// refuses to start on schema drift (I8) with ErrSchemaDrift.
+func New(ctx context.Context, cfg *config.Config, env Env) (*App, error) {
+	log := env.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("replica", cfg.ReplicaID)
+	logConfiguration(log, cfg)
 	if cfg.InsecureNoAuth {
 		log.Warn("BATCHERD_INSECURE_NO_AUTH=true: the API accepts requests without a token; never run like this in production")
 	}
@@ -84,12 +100,7 @@ func New(ctx context.Context, cfg *config.Config, env Env) (*App, error) {
 		return nil, fmt.Errorf("GitLab client: %w", err)
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	reg.MustRegister(store.Collectors()...)
-	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "batcherd_build_info", Help: "Always 1; labels carry the version."}, []string{"version"})
-	buildInfo.WithLabelValues(env.Version).Set(1)
-	reg.MustRegister(buildInfo)
+	reg := newRegistry(env.Version)
 
 	scfg := scanner.Config{
 		Repos:             cfg.Repos,
