@@ -220,28 +220,14 @@ func TestServeRefusesSchemaDrift(t *testing.T) {
 // them appears in what it logs, while the configuration line says they are set.
 func TestSecretsNeverLogged(t *testing.T) {
 	_, dsn := storetest.New(t)
-	sim := gitlabsim.New(gitlabsim.Options{Projects: []string{"g/p"}})
-	if err := sim.Start("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	defer sim.Close()
+	sim := startSim(t, "g/p")
 	cfg := testConfig(t, dsn, sim.URL(), "g/p")
 	cfg.WebhookSecret = "webhook-secret-value"
-	var buf syncBuffer
-	log, _ := logging.New(&buf, "json", "debug")
-	a, err := app.New(context.Background(), cfg, app.Env{Log: log, Stdout: io.Discard, TuneScanner: fast})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	call(t, "GET", "http://"+a.Addr()+"/readyz", "", nil, nil)
-	call(t, "POST", "http://"+a.Addr()+"/v1/operations", "wrong-token", map[string]any{"subject": "s", "target": "t", "action": "grant"}, nil)
-	time.Sleep(300 * time.Millisecond)
-	cancel()
-	<-done
-	out := buf.String()
+	out := runLogged(t, cfg, "debug", func(base string) {
+		call(t, "GET", base+"/readyz", "", nil, nil)
+		call(t, "POST", base+"/v1/operations", "wrong-token", map[string]any{"subject": "s", "target": "t", "action": "grant"}, nil)
+		time.Sleep(300 * time.Millisecond)
+	})
 	if !strings.Contains(out, `"BATCHERD_GITLAB_TOKEN":"<set>"`) {
 		t.Fatalf("configuration line missing or secret not masked:\n%s", out)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/batcherd/batcherd/internal/app"
+	"github.com/batcherd/batcherd/internal/config"
 	"github.com/batcherd/batcherd/internal/logging"
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/store/storetest"
@@ -20,41 +21,22 @@ import (
 // excepted), and not at info without it.
 func TestLogLines(t *testing.T) {
 	_, dsn := storetest.New(t)
-	sim := gitlabsim.New(gitlabsim.Options{Projects: []string{"g/p"}})
-	if err := sim.Start("127.0.0.1:0"); err != nil {
-		t.Fatal(err)
-	}
-	defer sim.Close()
+	sim := startSim(t, "g/p")
 
 	run := func(logRequests bool) []map[string]any {
 		cfg := testConfig(t, dsn, sim.URL(), "g/p")
 		cfg.LogRequests = logRequests
-		var buf syncBuffer
-		log, err := logging.New(&buf, "json", "info")
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, err := app.New(context.Background(), cfg, app.Env{Log: log, Stdout: io.Discard, TuneScanner: fast})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- a.Run(ctx) }()
-		base := "http://" + a.Addr()
-		call(t, "GET", base+"/readyz", "", nil, nil)
-		if code := call(t, "POST", base+"/v1/operations", apiToken, map[string]any{"subject": "s", "target": "t", "action": "grant"}, nil); code != 201 && code != 409 {
-			t.Errorf("apply: %d", code)
-		}
-		call(t, "POST", base+"/v1/operations", "wrong-token", map[string]any{"subject": "s", "target": "t", "action": "grant"}, nil)
-		call(t, "POST", base+"/v1/admin/rounds", adminToken, map[string]any{}, nil)
-		time.Sleep(500 * time.Millisecond) // the loops log their start and a round
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
+		out := runLogged(t, cfg, "info", func(base string) {
+			call(t, "GET", base+"/readyz", "", nil, nil)
+			if code := call(t, "POST", base+"/v1/operations", apiToken, map[string]any{"subject": "s", "target": "t", "action": "grant"}, nil); code != 201 && code != 409 {
+				t.Errorf("apply: %d", code)
+			}
+			call(t, "POST", base+"/v1/operations", "wrong-token", map[string]any{"subject": "s", "target": "t", "action": "grant"}, nil)
+			call(t, "POST", base+"/v1/admin/rounds", adminToken, map[string]any{}, nil)
+			time.Sleep(500 * time.Millisecond) // the loops log their start and a round
+		})
 		var lines []map[string]any
-		for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
 			if dups, err := logging.DuplicateKeys([]byte(l)); err != nil || len(dups) > 0 {
 				t.Errorf("keys %v twice (%v) in: %s", dups, err, l)
 			}
@@ -138,4 +120,39 @@ func keys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// startSim serves a GitLab simulator with the given projects until the test ends.
+func startSim(t *testing.T, projects ...string) *gitlabsim.Sim {
+	t.Helper()
+	sim := gitlabsim.New(gitlabsim.Options{Projects: projects})
+	if err := sim.Start("127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sim.Close() })
+	return sim
+}
+
+// runLogged runs a replica of cfg whose JSON log at level is captured, calls drive with
+// its base URL, stops it and returns the log.
+func runLogged(t *testing.T, cfg *config.Config, level string, drive func(base string)) string {
+	t.Helper()
+	var buf syncBuffer
+	log, err := logging.New(&buf, "json", level)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := app.New(context.Background(), cfg, app.Env{Log: log, Stdout: io.Discard, TuneScanner: fast})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	drive("http://" + a.Addr())
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	return buf.String()
 }
