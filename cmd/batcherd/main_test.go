@@ -310,3 +310,28 @@ func TestVersionPrintsTheVCSRevision(t *testing.T) {
 		t.Fatalf("batcherd version printed %q, want it to name %q", out, want)
 	}
 }
+
+// The same token as an API and an admin token (or a bad principal name) ends serve with
+// exit 2, naming the variables and entries, never the token.
+func TestDuplicateTokenExits2WithoutShowingIt(t *testing.T) {
+	const secret = "s3cr3t-shared-token"
+	t.Setenv("BATCHERD_MYSQL_DSN", "batcherd:batcherd@tcp(127.0.0.1:1)/batcherd")
+	t.Setenv("BATCHERD_GITLAB_URL", "http://127.0.0.1:1")
+	t.Setenv("BATCHERD_GITLAB_TOKEN", "tok")
+	t.Setenv("BATCHERD_REPOS", "a/b")
+	for _, c := range []struct{ api, admin, says string }{
+		{"requests=" + secret, "oncall=" + secret, `BATCHERD_ADMIN_TOKENS entry 1 (principal "oncall") has the same token as BATCHERD_API_TOKENS entry 1`},
+		{secret + "," + secret, "oncall=x", "BATCHERD_API_TOKENS entry 2"},
+		{"bad name=" + secret, "oncall=x", "BATCHERD_API_TOKENS entry 1"},
+	} {
+		t.Setenv("BATCHERD_API_TOKENS", c.api)
+		t.Setenv("BATCHERD_ADMIN_TOKENS", c.admin)
+		code, out, errs := runCLI(t, "serve")
+		if code != 2 || !strings.Contains(errs, c.says) {
+			t.Errorf("API %q admin %q: exit %d (want 2), stderr:\n%s", c.api, c.admin, code, errs)
+		}
+		if strings.Contains(out+errs, secret) {
+			t.Errorf("the output shows the token:\n%s%s", out, errs)
+		}
+	}
+}
