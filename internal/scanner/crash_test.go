@@ -200,15 +200,18 @@ func TestCrashAtEverySettleStep(t *testing.T) {
 			timeout := func(c *Config) { c.BatchTimeout = 700 * time.Millisecond; c.InfraRetries = -1 }
 			a := e.scanner("a", timeout)
 			bg := context.Background()
-			res, _ := a.RunRound(bg, repo)
-			if err := a.publish.runOnce(bg); err != nil {
+			// Published by a replica with the default timeout: publish gives up on a batch
+			// past its timeout, and on a loaded machine a publish can take longer than 700 ms.
+			p := e.scanner("p", nil)
+			res, _ := p.RunRound(bg, repo)
+			if err := p.publish.runOnce(bg); err != nil {
 				t.Fatal(err)
 			}
 			pb, _ := e.st.BatchGet(bg, res.BatchID)
 			if pb.MRIID == nil {
 				t.Fatal("not published")
 			}
-			time.Sleep(800 * time.Millisecond) // past the batch timeout (DB clock)
+			time.Sleep(800 * time.Millisecond) // past a's batch timeout (DB clock)
 
 			ctx, cancel := context.WithCancel(bg)
 			defer cancel()
