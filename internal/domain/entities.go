@@ -18,6 +18,7 @@ type Operation struct {
 	Repo         string          `db:"repo"`
 	Action       Action          `db:"action"`
 	Status       OpStatus        `db:"status"`
+	Priority     Priority        `db:"priority"`
 	Version      int64           `db:"version"`
 	ExpiresAt    *time.Time      `db:"expires_at"`
 	Attributes   json.RawMessage `db:"attributes"`

@@ -53,6 +53,18 @@ const (
 	OpMerged          OpStatus = "merged"
 	OpFailed          OpStatus = "failed"
 	OpRejected        OpStatus = "rejected"
+	// OpWithdrawn: the requester or an admin took the operation back before any batch
+	// claimed it (from pending_approval or queued only). Never claimed afterwards.
+	OpWithdrawn OpStatus = "withdrawn"
+)
+
+// Priority is operation.priority: urgent operations are claimed before normal ones
+// and their approval starts a claim round at once.
+type Priority string
+
+const (
+	PriorityNormal Priority = "normal"
+	PriorityUrgent Priority = "urgent"
 )
 
 // LiveOpStatuses are the statuses an operation leaves: how many are in them is bounded
@@ -60,7 +72,7 @@ const (
 // retried, but stays until then); their counts grow with history.
 var (
 	LiveOpStatuses     = []OpStatus{OpPendingApproval, OpQueued, OpInBatch}
-	FinishedOpStatuses = []OpStatus{OpMerged, OpFailed, OpRejected}
+	FinishedOpStatuses = []OpStatus{OpMerged, OpFailed, OpRejected, OpWithdrawn}
 )
 
 // BindingStatus is binding.status: what the repository holds for a relation.

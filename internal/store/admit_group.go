@@ -348,7 +348,7 @@ func answerOne(x accepted, id int64, created, updated time.Time) {
 	p := x.r.p
 	op := Operation{
 		ID: id, OperationID: p.OperationID, Subject: p.Subject, Target: p.Target,
-		Repo: x.repo, Action: p.Action, Status: x.status, Version: 1,
+		Repo: x.repo, Action: p.Action, Status: x.status, Priority: PriorityNormal, Version: 1,
 		Attributes: []byte{}, CreatedAt: created, UpdatedAt: updated,
 		RequestedBy: p.RequestedBy, ApprovedBy: approvedByOnCreate(p),
 	}

@@ -129,7 +129,9 @@ func (s *Store) admit(ctx context.Context, p OperationCreateParams) (Operation, 
 	a.mu.Lock()
 	mode := a.opts.Mode
 	a.mu.Unlock()
-	if mode == AdmitSerial {
+	// Urgent applications are few and must not wait for a group: the per-request path
+	// writes their priority (the group's multi-row writes carry normal ones only).
+	if mode == AdmitSerial || (p.Priority != "" && p.Priority != PriorityNormal) {
 		return s.operationCreateSerial(ctx, p)
 	}
 	if err := ctx.Err(); err != nil {

@@ -31,13 +31,15 @@ const (
 	ClaimSlotOccupied   ClaimOutcome = "slot_occupied"
 	ClaimNothingToClaim ClaimOutcome = "nothing_to_claim"
 	ClaimPreempted      ClaimOutcome = "preempted"
+	// ClaimPaused: the repository is paused (repo_control); nothing was claimed.
+	ClaimPaused ClaimOutcome = "paused"
 )
 
 // ClaimResult describes one claim attempt.
 type ClaimResult struct {
 	Outcome      ClaimOutcome
 	BatchID      int64    // set when Outcome == ClaimClaimed
-	OperationIDs []string // claimed members, oldest first
+	OperationIDs []string // claimed members in queue order: urgent first, then oldest
 	// The claim group taken (failure isolation): "" is the ordinary queue; Kind is
 	// first_try, retry_<class> or bisect; ParentID the failed batch it comes from.
 	Group    string
@@ -84,7 +86,7 @@ const batchCols = "id, repo, status, version, size, source_branch, mr_iid, mr_ur
 // memberOpCols lists operation's columns as Operation carries them, prefixed for joins.
 // attributes is NULL when the application had none, and json.RawMessage cannot scan
 // NULL, so it reads as empty.
-const memberOpCols = "o.id, o.operation_id, o.subject, o.target, o.repo, o.action, o.status, " +
+const memberOpCols = "o.id, o.operation_id, o.subject, o.target, o.repo, o.action, o.status, o.priority, " +
 	"o.version, o.expires_at, COALESCE(o.attributes, '') AS attributes, o.batch_id, o.attempts, o.error_code, " +
 	"o.error_message, o.created_at, o.updated_at, " +
 	"o.requested_by, o.approved_by, o.rejected_by, o.withdrawn_by, o.retried_by"
@@ -96,17 +98,34 @@ const (
 	// (idx_repo_waiting), and is the slot held by a committed active batch
 	// (uk_active_slot). A plain read: it never waits for another transaction's locks.
 	qClaimPrecheck = `SELECT EXISTS (SELECT 1 FROM merge_batch_request WHERE repo = ? AND batch_id IS NULL) AS waiting,
-		EXISTS (SELECT 1 FROM merge_batch WHERE active_slot = ?) AS held`
+		EXISTS (SELECT 1 FROM merge_batch WHERE active_slot = ?) AS held,
+		EXISTS (SELECT 1 FROM repo_control WHERE repo = ? AND ` + pausedNow + `) AS paused`
 	// qWaitingRepos: repositories with waiting work (loose scan of idx_repo_waiting).
 	qWaitingRepos = "SELECT DISTINCT repo FROM merge_batch_request WHERE batch_id IS NULL ORDER BY repo LIMIT ?"
-	// qClaimHead: the claim group of the oldest waiting row of a repository
-	// (idx_repo_waiting, index order). Without FOR UPDATE (I3).
-	qClaimHead = `SELECT grp FROM merge_batch_request
-		WHERE repo = ? AND batch_id IS NULL ORDER BY created_at, id LIMIT 1`
-	// qClaimRead: waiting rows of one group of a repository, oldest first
-	// (idx_repo_group_waiting, index order, no sort). Deliberately without FOR UPDATE (I3).
-	qClaimRead = `SELECT id, operation_id, kind, parent_id, depth, half, retries, tries FROM merge_batch_request
-		WHERE repo = ? AND batch_id IS NULL AND grp = ? ORDER BY created_at, id LIMIT ?`
+	// qClaimHead: the claim group and lane of the first waiting row of a repository in
+	// queue order — urgent first, then oldest (idx_repo_waiting, index order, no sort).
+	// Without FOR UPDATE (I3).
+	//
+	// Only rows whose operation is queued count: a waiting row whose operation is
+	// anything else (a stray: no path writes one any more, a withdrawal deletes its row
+	// in the same transaction) would make every claim of the repository roll back as
+	// preempted for ever. It is skipped here and in qClaimRead, and reported by
+	// WaitingStrays (metric, log, batcherd verify). STRAIGHT_JOIN keeps the waiting
+	// index as the driving side: planned from the operation's status index, the read
+	// would collect every repository's queued operations and sort them.
+	qClaimHead = `SELECT STRAIGHT_JOIN r.grp, r.lane FROM merge_batch_request r
+		JOIN operation o ON o.operation_id = r.operation_id AND o.status = 'queued'
+		WHERE r.repo = ? AND r.batch_id IS NULL ORDER BY r.lane, r.created_at, r.id LIMIT 1`
+	// qClaimRead: waiting rows of one group of a repository in queue order, urgent
+	// first, then oldest (idx_repo_group_waiting, index order, no sort); strays skipped
+	// as in qClaimHead. Deliberately without FOR UPDATE (I3).
+	qClaimRead = `SELECT STRAIGHT_JOIN r.id, r.operation_id, r.kind, r.parent_id, r.depth, r.half, r.retries, r.tries
+		FROM merge_batch_request r
+		JOIN operation o ON o.operation_id = r.operation_id AND o.status = 'queued'
+		WHERE r.repo = ? AND r.batch_id IS NULL AND r.grp = ? ORDER BY r.lane, r.created_at, r.id LIMIT ?`
+	// qClaimPaused: is the repository paused now (DB clock), read inside the claim with
+	// a shared lock on its control row (see claim).
+	qClaimPaused = `SELECT ` + pausedNow + ` FROM repo_control WHERE repo = ? LOCK IN SHARE MODE`
 	// qMemberIDs: member history of a batch (primary key prefix).
 	qMemberIDs = "SELECT operation_id FROM merge_batch_member WHERE batch_id = ? ORDER BY operation_id"
 	// qBatchMembers: the member operations publish writes (member PK, then uk_operation_id).
@@ -239,6 +258,7 @@ func (s *Store) Admit(ctx context.Context, operationID, repo string) (bool, erro
 type ClaimPrecheck struct {
 	Waiting bool `db:"waiting"`
 	Held    bool `db:"held"`
+	Paused  bool `db:"paused"`
 }
 
 // BatchClaimPrecheck reads, in one lock-free statement outside any transaction, whether
@@ -249,7 +269,7 @@ type ClaimPrecheck struct {
 // decided by the claim's INSERT on the unique slot (I1) as always.
 func (s *Store) BatchClaimPrecheck(ctx context.Context, repo string) (ClaimPrecheck, error) {
 	var p ClaimPrecheck
-	err := s.db.GetContext(ctx, &p, qClaimPrecheck, repo, repo)
+	err := s.db.GetContext(ctx, &p, qClaimPrecheck, repo, repo, repo)
 	return p, translate(err)
 }
 
@@ -277,29 +297,33 @@ type waitingRow struct {
 }
 
 // BatchClaim claims up to max waiting requests of repo into a new RUNNING batch, in one
-// READ COMMITTED transaction: insert the slot row (1062/1213/1205 → slot_occupied),
-// read waiting rows without FOR UPDATE (empty → roll back, nothing_to_claim), guarded
-// UPDATE … WHERE batch_id IS NULL AND id IN (…) (affected ≠ read → roll back, preempted),
-// member history appended in bulk, operations queued → in_batch.
+// READ COMMITTED transaction: read the repository's pause (paused → roll back, paused),
+// insert the slot row (1062/1213/1205 → slot_occupied), read waiting rows in queue order
+// (urgent first, then oldest) without FOR UPDATE (empty → roll back, nothing_to_claim),
+// guarded UPDATE … WHERE batch_id IS NULL AND id IN (…) (affected ≠ read → roll back,
+// preempted), member history appended in bulk, operations queued → in_batch.
 //
-// Every waiting row must have a queued operation (admission commits both together); if
-// one does not, the claim rolls back as preempted rather than half-claim, and keeps doing
-// so until an operator removes the stray row — a loud, visible state, not a silent one.
+// Every waiting row should have a queued operation (admission, approval and withdrawal
+// write both together). The read skips a row whose operation is not queued, so such a
+// stray cannot hold up its repository; WaitingStrays names them. An operation that
+// leaves queued between the read and the writes (a withdrawal) makes the claim roll
+// back as preempted, once: the next round no longer reads it.
 func (s *Store) BatchClaim(ctx context.Context, repo string, max int) (ClaimResult, error) {
 	return s.claim(ctx, repo, max, false)
 }
 
-// BatchClaimFollowUp is BatchClaim when the oldest waiting row of repo is in a retry or
-// bisection group (a failed batch's members waiting for their next round), and
-// nothing_to_claim otherwise: the settling replica calls it so a bisection goes on
+// BatchClaimFollowUp is BatchClaim when the first waiting row of repo is in a retry or
+// bisection group (a failed batch's members waiting for their next round) or urgent,
+// and nothing_to_claim otherwise: the settling replica calls it so a bisection goes on
 // without waiting for the next scheduled round, while the ordinary queue keeps its
 // schedule.
 func (s *Store) BatchClaimFollowUp(ctx context.Context, repo string, max int) (ClaimResult, error) {
 	return s.claim(ctx, repo, max, true)
 }
 
-// claim is BatchClaim's transaction, step by step: take the slot (takeSlot), read the
-// group of the oldest waiting row (readClaimGroup), guarded claim of its waiting rows
+// claim is BatchClaim's transaction, step by step: read the repository's pause (paused:
+// nothing else happens), take the slot (takeSlot), read the group of the first waiting
+// row, urgent first (readClaimGroup), guarded claim of its waiting rows
 // (claimRequests, I2), operations queued → in_batch (claimOperations), member history
 // (insertMembers), then the batch row and its event (finishClaimedBatch). Any step's
 // "no" rolls everything back with its outcome; claimAnswer maps the transaction's end
@@ -327,6 +351,20 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 	// does not need a snapshot here: the slot keeps other claimants out, and the guarded
 	// UPDATE's affected-row check catches any row claimed elsewhere (I2).
 	err = s.withTx(ctx, sql.LevelReadCommitted, func(tx *sqlx.Tx) error {
+		// A paused repository is not claimed. The control row is read first, inside
+		// the claim, with a shared lock: a pause (an UPDATE of that row) then waits for
+		// a claim that already read it, and a claim that starts after the pause
+		// committed sees it — so once a pause has been answered, no claim that did not
+		// already exist can make a batch. Claims share the lock with each other, and
+		// admission never touches the row (I3). No row: never paused.
+		var paused []bool
+		if err := tx.SelectContext(ctx, &paused, qClaimPaused, repo); err != nil {
+			return err
+		}
+		if len(paused) > 0 && paused[0] {
+			res.Outcome = ClaimPaused
+			return errRollback
+		}
 		batchID, err := takeSlot(ctx, tx, repo, noWait)
 		if err != nil {
 			if slotAnswer(err) {
@@ -409,21 +447,29 @@ func claimAnswer(res ClaimResult, err error, slotTaken bool) (ClaimResult, error
 	return ClaimResult{}, err
 }
 
-// readClaimGroup reads the claim group of the oldest waiting row of repo and up to max
-// of its rows, oldest first; a non-empty outcome (nothing_to_claim) means there is
+// readClaimGroup reads the claim group of the first waiting row of repo in queue order
+// (urgent first, then oldest) and up to max of its rows in that order, skipping rows
+// whose operation is not queued (strays, qClaimHead); a non-empty outcome (nothing_to_claim) means there is
 // nothing for this claim. The ordinary queue is group ""; a failed batch's retry or
 // bisection halves are their own groups, and their rows keep their created_at, so they
 // come before anything admitted after them (bystanders keep their queue position).
 // No FOR UPDATE: a locking read would put next-key locks where admissions insert (I3).
 func readClaimGroup(ctx context.Context, tx *sqlx.Tx, repo string, max int, groupsOnly bool) (string, []waitingRow, ClaimOutcome, error) {
-	var grp string
-	if err := tx.GetContext(ctx, &grp, qClaimHead, repo); err != nil {
+	var head struct {
+		Grp  string `db:"grp"`
+		Lane int    `db:"lane"`
+	}
+	if err := tx.GetContext(ctx, &head, qClaimHead, repo); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return "", nil, ClaimNothingToClaim, nil
 		}
 		return "", nil, "", err
 	}
-	if groupsOnly && grp == "" {
+	grp := head.Grp
+	// A follow-up round also goes on for urgent work: an urgent operation that met a
+	// held slot is claimed as soon as that batch settles, not at the next scheduled
+	// round.
+	if groupsOnly && grp == "" && head.Lane != laneOf(PriorityUrgent) {
 		return "", nil, ClaimNothingToClaim, nil
 	}
 	var rows []waitingRow

@@ -651,20 +651,47 @@ func TestI2PreemptedClaimRollsBack(t *testing.T) {
 	}
 }
 
-// A waiting row whose operation is not queued is never half-claimed either.
-func TestClaimRefusesMemberNotQueued(t *testing.T) {
+// A waiting row whose operation is not queued (a stray) does not hold up its
+// repository: the claim skips it, takes the rest, and WaitingStrays names it. An
+// operation that leaves queued between the claim's read and its writes is never
+// half-claimed: the claim rolls back as preempted, and the next one skips it.
+func TestClaimSkipsStrayAndNeverHalfClaims(t *testing.T) {
 	st, _ := storetest.New(t)
+	ctx := context.Background()
 	const repo = "group/not-queued"
-	ops := storetest.InsertQueuedOps(t, st, repo, 3)
+	ops := storetest.InsertQueuedOps(t, st, repo, 4)
 	if _, err := st.DB().Exec("UPDATE operation SET status = 'rejected' WHERE operation_id = ?", ops[1]); err != nil {
 		t.Fatal(err)
 	}
+	st.Hooks = &store.Hooks{ClaimAfterRead: func(ctx context.Context, batchID int64, ids []int64) {
+		if _, err := st.DB().ExecContext(ctx, "UPDATE operation SET status = 'withdrawn' WHERE operation_id = ?", ops[3]); err != nil {
+			t.Error(err)
+		}
+	}}
 	btClaim(t, st, repo, 10, store.ClaimPreempted)
+	st.Hooks = nil
 	if n := btCount(t, st, "SELECT COUNT(*) FROM merge_batch_request WHERE batch_id IS NOT NULL"); n != 0 {
 		t.Fatalf("%d rows half-claimed", n)
 	}
 	if n := btCount(t, st, "SELECT COUNT(*) FROM operation WHERE status = 'in_batch'"); n != 0 {
 		t.Fatalf("%d operations half-claimed", n)
+	}
+	// Round after round the strays are skipped, never a reason to roll back.
+	res := btClaim(t, st, repo, 10, store.ClaimClaimed)
+	if !slices.Equal(res.OperationIDs, []string{ops[0], ops[2]}) {
+		t.Fatalf("claimed %v, want %v", res.OperationIDs, []string{ops[0], ops[2]})
+	}
+	if _, err := st.BatchSettleSucceeded(ctx, res.BatchID, store.BatchRunning, 1); err != nil {
+		t.Fatal(err)
+	}
+	btClaim(t, st, repo, 10, store.ClaimNothingToClaim)
+	strays, err := st.WaitingStrays(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []store.Stray{{Repo: repo, OperationID: ops[1], Status: "rejected"}, {Repo: repo, OperationID: ops[3], Status: "withdrawn"}}
+	if !slices.Equal(strays, want) {
+		t.Fatalf("strays = %+v, want %+v", strays, want)
 	}
 }
 

@@ -66,10 +66,11 @@ type WaitingMember struct {
 }
 
 // qBatchWaiting: the waiting rows a batch claimed, in queue order: the batch row, then
-// idx_repo_waiting's (repo, batch_id) prefix, whose (created_at, id) tail is that order.
+// idx_repo_waiting's (repo, batch_id) prefix, whose (lane, created_at, id) tail is that
+// order (urgent first, then oldest).
 const qBatchWaiting = `SELECT r.id, r.operation_id, r.grp, r.kind, r.parent_id, r.depth, r.half, r.retries, r.tries, r.created_at
 	FROM merge_batch b JOIN merge_batch_request r ON r.repo = b.repo AND r.batch_id = b.id
-	WHERE b.id = ? ORDER BY r.created_at, r.id`
+	WHERE b.id = ? ORDER BY r.lane, r.created_at, r.id`
 
 // qDeleteBatchWaiting deletes the waiting rows a batch still claims, found like
 // qBatchWaiting (the settlement already holds the batch row).

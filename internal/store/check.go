@@ -66,6 +66,7 @@ var requiredUniques = []requiredUnique{
 	{"binding", "uk_subject_target", []string{"subject", "target"}, "I5: one row per (subject, target)"},
 	{"idempotency_key", "uk_principal_key", []string{"principal", "idem_key"}, "idempotency: one result per principal and key"},
 	{"audit_event", "uk_dedupe", []string{"dedupe_key"}, "audit: re-recording an event is a no-op"},
+	{"repo_control", "PRIMARY", []string{"repo"}, "queue control: one pause row per repository"},
 }
 
 // requiredIndex is a plain (non-unique) index a hot path relies on, with its exact
@@ -77,8 +78,10 @@ type requiredIndex struct {
 }
 
 var requiredIndexes = []requiredIndex{
-	{"merge_batch_request", "idx_repo_group_waiting", []string{"repo", "batch_id", "grp", "created_at", "id"},
-		"claim: waiting rows of one group (bisection half, retry) of a repository, oldest first"},
+	{"merge_batch_request", "idx_repo_group_waiting", []string{"repo", "batch_id", "grp", "lane", "created_at", "id"},
+		"claim: waiting rows of one group (bisection half, retry) of a repository, urgent first, then oldest"},
+	{"merge_batch_request", "idx_repo_waiting", []string{"repo", "batch_id", "lane", "created_at", "id"},
+		"claim: the first waiting row of a repository, urgent first, then oldest"},
 }
 
 // requiredColumns are the failure-isolation columns (migration 00002) the claim and the
@@ -86,24 +89,27 @@ var requiredIndexes = []requiredIndex{
 // set: a schema without them is one the groups cannot live in.
 //
 // The principal columns (migration 00006) are written by admission's group statements
-// and by every decision: without them no operation can be recorded.
+// and by every decision: without them no operation can be recorded. The queue-control
+// columns (migration 00007) the claim and admission read and write.
 var requiredColumns = map[string][]string{
-	"merge_batch_request": {"grp", "kind", "parent_id", "depth", "half", "retries", "tries"},
+	"merge_batch_request": {"grp", "kind", "parent_id", "depth", "half", "retries", "tries", "lane"},
 	"merge_batch":         {"kind", "grp", "parent_id", "depth", "fail_class"},
 	"merge_batch_member":  {"why"},
-	"operation":           {"requested_by", "approved_by", "rejected_by", "withdrawn_by", "retried_by"},
-	"audit_event":         {"actor"},
+	"operation":           {"requested_by", "approved_by", "rejected_by", "withdrawn_by", "retried_by", "priority"},
+	"audit_event":         {"actor", "repo"},
 	"idempotency_key":     {"principal"},
+	"repo_control":        {"paused", "reason", "paused_until", "paused_by", "version"},
 }
 
 // columnsMigration names the migration that adds each table's required columns.
 var columnsMigration = map[string]string{
-	"merge_batch_request": "failure isolation, migration 00002",
+	"merge_batch_request": "failure isolation and queue control, migrations 00002 and 00007",
 	"merge_batch":         "failure isolation, migration 00002",
 	"merge_batch_member":  "failure isolation, migration 00002",
-	"operation":           "principals, migration 00006",
-	"audit_event":         "principals, migration 00006",
+	"operation":           "principals and queue control, migrations 00006 and 00007",
+	"audit_event":         "principals and queue control, migrations 00006 and 00007",
 	"idempotency_key":     "principals, migration 00006",
+	"repo_control":        "queue control, migration 00007",
 }
 
 // versionTables carry the monotonic version every guarded write checks and bumps (I6).
@@ -265,7 +271,7 @@ func (s *Store) checkColumns(ctx context.Context, rep *SchemaReport) error {
 	if err := s.db.SelectContext(ctx, &have,
 		`SELECT TABLE_NAME, COLUMN_NAME FROM information_schema.COLUMNS
 		  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN
-		        ('merge_batch_request', 'merge_batch', 'merge_batch_member', 'operation', 'audit_event', 'idempotency_key')`); err != nil {
+		        ('merge_batch_request', 'merge_batch', 'merge_batch_member', 'operation', 'audit_event', 'idempotency_key', 'repo_control')`); err != nil {
 		return translate(err)
 	}
 	got := map[[2]string]bool{}

@@ -16,7 +16,7 @@ func TestCheckSchemaAcceptsMigratedSchema(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CheckSchema on a freshly migrated schema: %v", err)
 	}
-	if len(rep.Problems) != 0 || len(rep.Checked) != 7+1+1+6+3+1 {
+	if len(rep.Problems) != 0 || len(rep.Checked) != 8+2+1+7+3+1 {
 		t.Fatalf("report = %+v", rep)
 	}
 	// The server has at least one of the two isolation variable names; which one
@@ -92,6 +92,17 @@ func TestCheckSchemaRefusesDrift(t *testing.T) {
 			alter: []string{"ALTER TABLE merge_batch_request DROP INDEX idx_repo_group_waiting, " +
 				"ADD INDEX idx_repo_group_waiting (repo, grp)"},
 			want: []string{"merge_batch_request", "idx_repo_group_waiting", "columns are (repo, grp)"},
+		},
+		{
+			name: "waiting index without the urgent lane",
+			alter: []string{"ALTER TABLE merge_batch_request DROP INDEX idx_repo_waiting, " +
+				"ADD INDEX idx_repo_waiting (repo, batch_id, created_at, id)"},
+			want: []string{"merge_batch_request", "idx_repo_waiting", "columns are (repo, batch_id, created_at, id)"},
+		},
+		{
+			name:  "pause column missing",
+			alter: []string{"ALTER TABLE repo_control DROP COLUMN paused_until"},
+			want:  []string{"repo_control", "paused_until", "missing"},
 		},
 		{
 			name:  "failure isolation column missing",

@@ -52,8 +52,12 @@ func btExplain(t *testing.T, st *store.Store, q string, args ...any) []btPlanRow
 
 // Plans seen on MariaDB 10.11 with this data (go test -v -run Explain prints them):
 //
-//	claim head (oldest group)  merge_batch_request ref    idx_repo_waiting (index order, no sort)
+//	claim pause read           repo_control        const  PRIMARY
+//	claim head (first group)   merge_batch_request ref    idx_repo_waiting (index order: lane,
+//	                                                        created_at, id; no sort)
+//	                           → operation eq_ref uk_operation_id (strays skipped)
 //	claim read (one group)     merge_batch_request ref    idx_repo_group_waiting (index order, no sort)
+//	                           → operation eq_ref uk_operation_id
 //	claim guarded UPDATE       merge_batch_request range  PRIMARY (id IN …; READ COMMITTED
 //	                                                        unlocks non-matching rows, so I3 holds)
 //	claim operations UPDATE    operation           range  uk_operation_id
@@ -127,6 +131,14 @@ func TestExplainBatchQueries(t *testing.T) {
 	if _, err := st.DB().Exec("UPDATE merge_batch SET mr_iid = id WHERE status = 3 AND id % 3 = 0"); err != nil {
 		t.Fatal(err)
 	}
+	// Some of the waiting work is urgent, so "urgent first, then oldest" is a real order
+	// over the data and not the single-lane special case.
+	if _, err := st.DB().Exec("UPDATE merge_batch_request SET lane = 0 WHERE batch_id IS NULL AND id % 5 = 0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.RepoControlEnsure(ctx, []string{"group/repo-07"}); err != nil {
+		t.Fatal(err)
+	}
 	// Operations are history too: merged ones outnumber those in flight.
 	storetest.InsertOps(t, st, storetest.Ops{Repo: "group/repo-19", N: 5000, Status: store.OpMerged, Prefix: "old"})
 	for _, tbl := range []string{"merge_batch", "merge_batch_request", "merge_batch_member", "operation", "binding", "audit_event"} {
@@ -167,6 +179,8 @@ func TestExplainBatchQueries(t *testing.T) {
 	listRepoQ, listRepoArgs := store.QBatchList(store.BatchFilter{Repo: "group/quiet"})
 	listRepoStatusQ, listRepoStatusArgs := store.QBatchList(store.BatchFilter{Repo: "group/quiet", Status: store.BatchSucceeded})
 	const liveCounts = "metrics: operations in flight by status"
+	const claimHead = "claim: group of the first waiting row of a repository (urgent first, then oldest)"
+	const claimRead = "claim: waiting rows of one group of a repository, urgent first, then oldest"
 	var liveArgs []any
 	for _, st := range store.LiveOpStatuses {
 		liveArgs = append(liveArgs, st)
@@ -175,9 +189,9 @@ func TestExplainBatchQueries(t *testing.T) {
 		name, query, wantKey string
 		args                 []any
 	}{
-		{"claim: group of the oldest waiting row of a repository",
+		{claimHead,
 			store.QClaimHead, "idx_repo_waiting", []any{repo}},
-		{"claim: waiting rows of one group of a repository, oldest first",
+		{claimRead,
 			store.QClaimRead, "idx_repo_group_waiting|idx_repo_waiting", []any{repo, "", 10}},
 		{"settle failure: waiting rows a batch claimed, queue order",
 			store.QBatchWaiting, "PRIMARY|idx_repo_waiting", []any{activeID}},
@@ -187,8 +201,10 @@ func TestExplainBatchQueries(t *testing.T) {
 		{"claim: operations queued → in_batch",
 			"UPDATE operation SET status = 'in_batch' WHERE operation_id IN (" + in(len(opArgs)) + ") AND status = 'queued'",
 			"uk_operation_id", opArgs},
-		{"claim precheck: anything waiting, slot held",
-			store.QClaimPrecheck, "", []any{repo, repo}},
+		{"claim precheck: anything waiting, slot held, paused",
+			store.QClaimPrecheck, "", []any{repo, repo, repo}},
+		{"claim: is the repository paused",
+			store.QClaimPaused, "PRIMARY", []any{repo}},
 		{"claim loop: repositories with waiting work",
 			store.QWaitingRepos, "idx_repo_waiting", []any{1000}},
 		{"settle: guarded batch write",
@@ -237,6 +253,16 @@ func TestExplainBatchQueries(t *testing.T) {
 		// not the whole history (a full index scan is type "index").
 		if c.name == liveCounts && (len(plan) != 1 || plan[0].Type != "range") {
 			t.Errorf("%s: plan %+v is not a range read", c.name, plan)
+		}
+		// The claim is one range read of the waiting index in its order (urgent first,
+		// then oldest), each row's operation looked up by key to skip strays: never a
+		// sort of the repository's whole waiting set, never driven from the operations.
+		if c.name == claimHead || c.name == claimRead {
+			if len(plan) != 2 || plan[0].Table != "r" || plan[0].Type != "ref" ||
+				strings.Contains(plan[0].Extra, "filesort") || strings.Contains(plan[0].Extra, "temporary") ||
+				plan[1].Table != "o" || plan[1].Type != "eq_ref" || plan[1].Key != "uk_operation_id" {
+				t.Errorf("%s: plan %+v is not one index-order read of the waiting rows with a key lookup per row", c.name, plan)
+			}
 		}
 		// A page of the list is read in index order: sorting would read all of the
 		// repository's history first.

@@ -9,6 +9,7 @@ const (
 	QWaitingRepos    = qWaitingRepos
 	QClaimHead       = qClaimHead
 	QClaimRead       = qClaimRead
+	QClaimPaused     = qClaimPaused
 	QBatchWaiting    = qBatchWaiting
 	QDeleteBatchWait = qDeleteBatchWaiting
 	QMemberIDs       = qMemberIDs

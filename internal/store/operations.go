@@ -53,7 +53,7 @@ const opIso = sql.LevelReadCommitted
 
 // attributes is NULL when the application had none; json.RawMessage cannot scan NULL,
 // so reads turn it into an empty value.
-const opCols = `id, operation_id, subject, target, repo, action, status, version, expires_at,
+const opCols = `id, operation_id, subject, target, repo, action, status, priority, version, expires_at,
 	COALESCE(attributes, '') AS attributes, batch_id, attempts, error_code, error_message, created_at, updated_at, ` +
 	principalCols
 
@@ -80,6 +80,8 @@ type OperationCreateParams struct {
 	Attributes json.RawMessage
 	// AutoApprove admits the operation to the waiting set at once (status queued).
 	AutoApprove bool
+	// Priority: "" or normal, or urgent (claimed before normal operations).
+	Priority Priority
 	// IdempotencyKey, when set, makes the call idempotent: Fingerprint identifies the
 	// request; a repeat with the same fingerprint returns the first operation with
 	// created=false; another fingerprint returns ErrIdempotencyKeyReused.
@@ -218,10 +220,18 @@ func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) 
 			attrs = string(p.Attributes)
 		}
 		// Operation row before the binding row: the lock order of every path.
+		prio := p.Priority
+		switch prio {
+		case "":
+			prio = PriorityNormal
+		case PriorityNormal, PriorityUrgent:
+		default:
+			return fmt.Errorf("%w: unknown priority %q", ErrInvalidRequest, prio)
+		}
 		if _, err := tx.ExecContext(ctx, `INSERT INTO operation
-			(operation_id, subject, target, repo, action, status, expires_at, attributes, requested_by, approved_by)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-			p.OperationID, p.Subject, p.Target, repo, p.Action, status, utcPtr(p.ExpiresAt), attrs,
+			(operation_id, subject, target, repo, action, status, priority, expires_at, attributes, requested_by, approved_by)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			p.OperationID, p.Subject, p.Target, repo, p.Action, status, prio, utcPtr(p.ExpiresAt), attrs,
 			p.RequestedBy, approvedByOnCreate(p)); err != nil {
 			return err
 		}
@@ -232,7 +242,7 @@ func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) 
 			return err
 		}
 		if p.AutoApprove {
-			if err := admitTxBy(ctx, tx, p.OperationID, repo, 0, "auto-approved", AutoApprover); err != nil {
+			if err := admitTxBy(ctx, tx, p.OperationID, repo, prio, 0, "auto-approved", AutoApprover); err != nil {
 				return err
 			}
 		}
@@ -382,7 +392,7 @@ type OperationView struct {
 func (s *Store) OperationGetView(ctx context.Context, operationID string) (OperationView, error) {
 	var v OperationView
 	err := s.db.GetContext(ctx, &v, `SELECT o.id, o.operation_id, o.subject, o.target, o.repo, o.action,
-		o.status, o.version, o.expires_at, COALESCE(o.attributes, '') AS attributes, o.batch_id, o.attempts, o.error_code,
+		o.status, o.priority, o.version, o.expires_at, COALESCE(o.attributes, '') AS attributes, o.batch_id, o.attempts, o.error_code,
 		o.error_message, o.created_at, o.updated_at, `+principalColsOf("o")+`, COALESCE(b.mr_url, '') AS mr_url
 		FROM operation o LEFT JOIN merge_batch b ON b.id = o.batch_id
 		WHERE o.operation_id = ?`, operationID)
@@ -440,7 +450,7 @@ func (s *Store) OperationApproveBy(ctx context.Context, operationID, actor strin
 		if err := recordEventBy(ctx, tx, op.OperationID, EventApproved, 0, "", actor); err != nil {
 			return err
 		}
-		if err := admitTxBy(ctx, tx, op.OperationID, op.Repo, op.Attempts, "approved", actor); err != nil {
+		if err := admitTxBy(ctx, tx, op.OperationID, op.Repo, op.Priority, op.Attempts, "approved", actor); err != nil {
 			return err
 		}
 		out, err = operationByID(ctx, tx, operationID, false)
@@ -542,7 +552,7 @@ func (s *Store) OperationRetryBy(ctx context.Context, operationID, actor string)
 			WHERE operation_id = ? AND batch_id IS NOT NULL`, op.OperationID); err != nil {
 			return err
 		}
-		if err := admitTxBy(ctx, tx, op.OperationID, op.Repo, attempt, "retry", actor); err != nil {
+		if err := admitTxBy(ctx, tx, op.OperationID, op.Repo, op.Priority, attempt, "retry", actor); err != nil {
 			return err
 		}
 		out, err = operationByID(ctx, tx, operationID, false)
@@ -663,7 +673,7 @@ func (s *Store) BindingExpire(ctx context.Context, b Binding, operationID string
 			"binding expired; revokes operation "+b.OperationID); err != nil {
 			return err
 		}
-		if err := admitTx(ctx, tx, operationID, b.Repo, 0, "expiry"); err != nil {
+		if err := admitTx(ctx, tx, operationID, b.Repo, PriorityNormal, 0, "expiry"); err != nil {
 			return err
 		}
 		out, err = operationByID(ctx, tx, operationID, false)
@@ -905,15 +915,15 @@ func setOperationStatus(ctx context.Context, tx *sqlx.Tx, op Operation, to OpSta
 // caller's transaction, so the status change and the admission commit together. A
 // duplicate is "already admitted": ON DUPLICATE KEY turns it into a no-op without the
 // 1062 (whose shared lock would linger to the end of the transaction). attempt keeps
-// the admitted event of each retry distinct.
-func admitTx(ctx context.Context, tx *sqlx.Tx, operationID, repo string, attempt int, why string) error {
-	return admitTxBy(ctx, tx, operationID, repo, attempt, why, "")
+// the admitted event of each retry distinct. The row's lane is the operation's priority.
+func admitTx(ctx context.Context, tx *sqlx.Tx, operationID, repo string, prio Priority, attempt int, why string) error {
+	return admitTxBy(ctx, tx, operationID, repo, prio, attempt, why, "")
 }
 
 // admitTxBy is admitTx whose admitted event names the principal that caused it.
-func admitTxBy(ctx context.Context, tx *sqlx.Tx, operationID, repo string, attempt int, why, actor string) error {
-	res, err := tx.ExecContext(ctx, `INSERT INTO merge_batch_request (operation_id, repo) VALUES (?, ?)
-		ON DUPLICATE KEY UPDATE id = id`, operationID, repo)
+func admitTxBy(ctx context.Context, tx *sqlx.Tx, operationID, repo string, prio Priority, attempt int, why, actor string) error {
+	res, err := tx.ExecContext(ctx, `INSERT INTO merge_batch_request (operation_id, repo, lane) VALUES (?, ?, ?)
+		ON DUPLICATE KEY UPDATE id = id`, operationID, repo, laneOf(prio))
 	if err != nil {
 		return err
 	}

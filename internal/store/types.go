@@ -17,6 +17,7 @@ type (
 	Operation     = domain.Operation
 	Batch         = domain.Batch
 	Binding       = domain.Binding
+	Priority      = domain.Priority
 )
 
 // Deprecated forwarding names: use domain's.
@@ -32,6 +33,10 @@ const (
 	OpMerged          = domain.OpMerged
 	OpFailed          = domain.OpFailed
 	OpRejected        = domain.OpRejected
+	OpWithdrawn       = domain.OpWithdrawn
+
+	PriorityNormal = domain.PriorityNormal
+	PriorityUrgent = domain.PriorityUrgent
 
 	BindingPending  = domain.BindingPending
 	BindingActive   = domain.BindingActive
@@ -66,4 +71,13 @@ type Event struct {
 	// Actor is the principal that caused the event ("" for batcherd's own loops).
 	Actor     string    `db:"actor"`
 	CreatedAt time.Time `db:"created_at"`
+}
+
+// laneOf is the waiting row's claim order (merge_batch_request.lane) of an operation of
+// priority p: urgent rows (0) are claimed before normal ones (1).
+func laneOf(p Priority) int {
+	if p == PriorityUrgent {
+		return 0
+	}
+	return 1
 }

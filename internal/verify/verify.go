@@ -326,9 +326,11 @@ func (a *auditor) checkOp(o opRow, members []memberRow, wait map[string]waitRow)
 	}
 	waiting := hasWait && !w.BatchID.Valid
 	switch o.Status {
-	case domain.OpPendingApproval, domain.OpRejected:
+	case domain.OpPendingApproval, domain.OpRejected, domain.OpWithdrawn:
+		// A waiting row of an operation that is not queued is a stray: the claim skips
+		// it (so it holds nothing up), and this names it for the operator to delete.
 		if hasWait {
-			a.add("agreement", "merge_batch_request", "operation "+string(o.Status)+" but present in the waiting set", id)
+			a.add("agreement", "merge_batch_request", "operation "+string(o.Status)+" but present in the waiting set (a stray the claim skips)", id)
 		}
 	case domain.OpQueued:
 		if !waiting {
@@ -399,6 +401,10 @@ func expectedBinding(action domain.Action, opStatus domain.OpStatus) []domain.Bi
 		return pick(domain.BindingFailed, domain.BindingActive)
 	case domain.OpRejected:
 		return pick(domain.BindingRejected, domain.BindingActive)
+	case domain.OpWithdrawn:
+		// Withdrawn before any batch: the repository holds what it held (no file for a
+		// grant, the file for a revoke).
+		return pick(domain.BindingClosed, domain.BindingActive)
 	}
 	return nil
 }
