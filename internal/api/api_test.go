@@ -189,7 +189,7 @@ func (e *env) exec(q string, args ...any) {
 	}
 }
 
-var operationKeys = []string{"id", "subject", "target", "repo", "action", "status", "batch_id", "mr_url", "error", "expires_at", "requested_by", "approved_by", "created_at", "updated_at"}
+var operationKeys = []string{"id", "subject", "target", "repo", "action", "status", "priority", "batch_id", "mr_url", "error", "expires_at", "requested_by", "approved_by", "created_at", "updated_at"}
 
 func checkOperationShape(t *testing.T, o map[string]any) {
 	t.Helper()

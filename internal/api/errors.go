@@ -27,6 +27,7 @@ const (
 	codeBindingNotActive     = "binding_not_active"
 	codeStale                = "stale"
 	codeSelfApproval         = "self_approval"
+	codeInBatch              = "in_batch"
 	codeConflict             = "conflict"
 	codeIdempotencyReused    = "idempotency_key_reused"
 	codeInternal             = "internal"

@@ -121,6 +121,8 @@ type dbCollector struct {
 	oldestDesc *prometheus.Desc
 	expDesc    *prometheus.Desc
 	errDesc    *prometheus.Desc
+	pausedDesc *prometheus.Desc
+	strayDesc  *prometheus.Desc
 	// The clocks of dbSampleTTL's comment (fields so tests can run them faster).
 	liveTTL, historyTTL, historyTimeout time.Duration
 
@@ -129,7 +131,9 @@ type dbCollector struct {
 	live       map[store.OpStatus]int64 // nil: the last live sample failed
 	waiting    []store.RepoWaiting
 	expired    int64
+	paused     map[string]store.RepoControl
 	liveFailed bool
+	strays     []store.Stray // from the history sample; nil: none counted yet
 
 	historyAt      time.Time                // when the last count started
 	history        map[store.OpStatus]int64 // nil: no count yet, or the last one failed
@@ -146,6 +150,10 @@ func newDBCollector(s *Server) *dbCollector {
 		expDesc: prometheus.NewDesc("batcherd_bindings_expired_active",
 			"Active bindings past their expires_at: expiry has not revoked them yet, or their revoke failed and waits for an operator.", nil, nil),
 		errDesc: prometheus.NewDesc("batcherd_metrics_sample_failed", "1 when the last database sample for metrics failed.", nil, nil),
+		pausedDesc: prometheus.NewDesc("batcherd_repo_paused",
+			"1 while the repository is paused (a pause with an end time reads 0 once it has passed, by the database clock).", []string{"repo"}, nil),
+		strayDesc: prometheus.NewDesc("batcherd_waiting_strays",
+			"Waiting rows whose operation is not queued, per repository: the claim skips them; batcherd verify names them (sampled with the finished-operation counts).", []string{"repo"}, nil),
 		liveTTL: dbSampleTTL, historyTTL: historySampleTTL, historyTimeout: historySampleTimeout,
 	}
 }
@@ -156,6 +164,8 @@ func (c *dbCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.oldestDesc
 	ch <- c.expDesc
 	ch <- c.errDesc
+	ch <- c.pausedDesc
+	ch <- c.strayDesc
 }
 
 func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
@@ -177,8 +187,27 @@ func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.opsDesc, prometheus.GaugeValue, float64(n), string(st))
 		}
 	}
+	if c.strays != nil {
+		n := map[string]int{}
+		for _, r := range c.s.cfg.Repos {
+			n[r] = 0
+		}
+		for _, st := range c.strays {
+			n[st.Repo]++
+		}
+		for repo, k := range n {
+			ch <- prometheus.MustNewConstMetric(c.strayDesc, prometheus.GaugeValue, float64(k), repo)
+		}
+	}
 	if c.live == nil {
 		return // no live sample: no numbers rather than made-up zeros
+	}
+	for _, repo := range c.s.cfg.Repos {
+		v := 0.0
+		if c.paused[repo].Paused {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.pausedDesc, prometheus.GaugeValue, v, repo)
 	}
 	ch <- prometheus.MustNewConstMetric(c.expDesc, prometheus.GaugeValue, float64(c.expired))
 	seen := map[string]bool{}
@@ -226,14 +255,15 @@ func (c *dbCollector) sampleLive() {
 	counts, err1 := c.s.st.OperationCounts(ctx, store.LiveOpStatuses...)
 	waiting, err2 := c.s.st.WaitingStats(ctx)
 	expired, err3 := c.s.st.BindingsExpiredActive(ctx)
-	if err := errors.Join(err1, err2, err3); err != nil {
+	paused, err4 := c.s.st.RepoControls(ctx, c.s.cfg.Repos)
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		if c.s.bg.Err() == nil {
 			c.s.log.Warn("metrics: database sample failed", "err", err)
 		}
 		c.live, c.waiting, c.liveFailed = nil, nil, true
 		return
 	}
-	c.live, c.waiting, c.expired, c.liveFailed = counts, waiting, expired, false
+	c.live, c.waiting, c.expired, c.paused, c.liveFailed = counts, waiting, expired, paused, false
 }
 
 // sampleHistory counts finished operations (in its own goroutine) and closes done.
@@ -242,7 +272,18 @@ func (c *dbCollector) sampleHistory(done chan struct{}, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(c.s.bg, timeout)
 	defer cancel()
 	counts, err := c.s.st.OperationCounts(ctx, store.FinishedOpStatuses...)
+	// Strays read the whole waiting set: sampled on this slow clock, not the live one.
+	strays, serr := c.s.st.WaitingStrays(ctx, 1000)
+	if serr == nil && len(strays) > 0 {
+		c.s.log.Warn("waiting rows whose operation is not queued: the claim skips them; delete them after checking (batcherd verify names them)",
+			"count", len(strays), "first_operation", strays[0].OperationID, "first_status", strays[0].Status, "repo", strays[0].Repo)
+	}
 	c.mu.Lock()
+	if serr == nil {
+		c.strays = strays
+	} else {
+		c.strays = nil
+	}
 	defer c.mu.Unlock()
 	c.historyRunning = nil
 	if err != nil {

@@ -61,6 +61,7 @@ func TestOpenAPIMatchesRoutes(t *testing.T) {
 		"Binding":   reflect.TypeFor[wire.Binding](),
 		"Batch":     reflect.TypeFor[wire.Batch](),
 		"Event":     reflect.TypeFor[wire.Event](),
+		"Repo":      reflect.TypeFor[wire.Repo](),
 	} {
 		var fields []string
 		for f := range typ.Fields() {

@@ -63,6 +63,7 @@ func (s *Server) handleCreateOperation(w http.ResponseWriter, r *http.Request) e
 	}
 	if created {
 		w.Header().Set("Location", "/v1/operations/"+op.OperationID)
+		op = s.urgentRound(r.Context(), op) // auto-approved and urgent: claim it now
 	}
 	return s.writeOperation(r.Context(), w, status, op)
 }
@@ -105,6 +106,15 @@ func (s *Server) validateCreate(req createRequest) (store.OperationCreateParams,
 	if p.Attributes, err = canonicalAttributes(req.Attributes); err != nil {
 		return p, err
 	}
+	p.Priority = store.PriorityNormal
+	if req.Priority != nil {
+		switch store.Priority(*req.Priority) {
+		case store.PriorityNormal, store.PriorityUrgent:
+			p.Priority = store.Priority(*req.Priority)
+		default:
+			return p, badRequest("priority must be normal or urgent, got %q", *req.Priority)
+		}
+	}
 	p.OperationID = uuid.NewString()
 	p.AutoApprove = s.cfg.AutoApprove
 	return p, nil
@@ -139,7 +149,11 @@ func (s *Server) handleGetOperation(w http.ResponseWriter, r *http.Request) erro
 // AllowSelfApproval) refuses the requester with 403 self_approval, changing nothing.
 func (s *Server) handleApprove(w http.ResponseWriter, r *http.Request) error {
 	return s.decide(w, r, func(ctx context.Context, id string) (store.Operation, error) {
-		return s.st.OperationApproveBy(ctx, id, principal(r).Name, !s.cfg.AllowSelfApproval)
+		op, err := s.st.OperationApproveBy(ctx, id, principal(r).Name, !s.cfg.AllowSelfApproval)
+		if err != nil {
+			return op, err
+		}
+		return s.urgentRound(ctx, op), nil // an urgent approval claims at once
 	})
 }
 

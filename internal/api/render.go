@@ -36,7 +36,7 @@ func errObj(code, msg string) *wire.Error {
 func renderOperation(op store.Operation, mrURL string) wire.Operation {
 	return wire.Operation{
 		ID: op.OperationID, Subject: op.Subject, Target: op.Target, Repo: op.Repo,
-		Action: string(op.Action), Status: string(op.Status), BatchID: op.BatchID,
+		Action: string(op.Action), Status: string(op.Status), Priority: string(op.Priority), BatchID: op.BatchID,
 		MRURL: strPtr(mrURL), Error: errObj(op.ErrorCode, op.ErrorMessage),
 		ExpiresAt:   tsPtr(op.ExpiresAt),
 		RequestedBy: strPtr(op.RequestedBy), ApprovedBy: strPtr(op.ApprovedBy),

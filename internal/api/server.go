@@ -205,10 +205,17 @@ func (s *Server) routeTable() []route {
 		// and retry is not one of them. It grants nothing an API token cannot already
 		// do (approve): it re-queues an operation that was approved and then failed.
 		{"POST", "/v1/operations/{id}/retry", authAPI, s.handleRetry},
+		// Withdraw takes an API principal: until operations record who requested them,
+		// any caller that may apply may take an application back (see actor in queue.go).
+		{"POST", "/v1/operations/{id}/withdraw", authAPI, s.handleWithdraw},
 		{"GET", "/v1/operations/{id}/events", authAPI, s.handleOperationEvents},
 		{"GET", "/v1/bindings", authAPI, s.handleListBindings},
 		{"GET", "/v1/batches", authAPI, s.handleListBatches},
 		{"GET", "/v1/batches/{id}", authAPI, s.handleGetBatch},
+		{"GET", "/v1/repos", authAPI, s.handleListRepos},
+		{"GET", "/v1/repos/{repo}/events", authAPI, s.handleRepoEvents},
+		{"POST", "/v1/admin/repos/{repo}/pause", authAdmin, s.handlePause},
+		{"POST", "/v1/admin/repos/{repo}/resume", authAdmin, s.handleResume},
 		{"POST", "/v1/admin/rounds", authAdmin, s.handleAdminRound},
 		{"POST", "/v1/admin/batches/{id}/settle", authAdmin, s.handleAdminSettle},
 		{"POST", "/v1/webhooks/gitlab", authWebhook, s.handleWebhook},

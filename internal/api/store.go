@@ -35,6 +35,17 @@ type Store interface {
 
 	// installation identity (webhook: this installation's branches only)
 	Installation(ctx context.Context) (string, error)
+
+	// queue control
+	OperationGet(ctx context.Context, operationID string) (domain.Operation, error)
+	OperationWithdraw(ctx context.Context, operationID, by string) (domain.Operation, error)
+	BatchClaimPrecheck(ctx context.Context, repo string) (store.ClaimPrecheck, error)
+	RepoPause(ctx context.Context, p store.RepoPauseParams) (store.RepoControl, error)
+	RepoResume(ctx context.Context, repo, by string) (store.RepoControl, error)
+	RepoControls(ctx context.Context, repos []string) (map[string]store.RepoControl, error)
+	RepoStates(ctx context.Context, repos []string) ([]store.RepoState, error)
+	RepoEvents(ctx context.Context, repo string, limit int) ([]store.Event, error)
+	WaitingStrays(ctx context.Context, limit int) ([]store.Stray, error)
 }
 
 var _ Store = (*store.Store)(nil)

@@ -26,6 +26,7 @@ type createRequest struct {
 	Repo       *string         `json:"repo"`
 	ExpiresAt  *string         `json:"expires_at"`
 	Attributes json.RawMessage `json:"attributes"`
+	Priority   *string         `json:"priority"`
 }
 
 // validName enforces the documented charset of subject and target
@@ -116,7 +117,13 @@ func fingerprint(p store.OperationCreateParams) string {
 		Repo       string          `json:"repo"`
 		ExpiresAt  string          `json:"expires_at"`
 		Attributes json.RawMessage `json:"attributes,omitempty"`
+		// Only when urgent: the fingerprints of normal requests stay what they were
+		// before priorities existed, so keys stored by an older version still match.
+		Priority string `json:"priority,omitempty"`
 	}{Subject: p.Subject, Target: p.Target, Action: string(p.Action), Repo: p.Repo, Attributes: p.Attributes}
+	if p.Priority == store.PriorityUrgent {
+		c.Priority = string(p.Priority)
+	}
 	if p.ExpiresAt != nil {
 		c.ExpiresAt = p.ExpiresAt.UTC().Format(time.RFC3339Nano)
 	}

@@ -94,6 +94,12 @@ func New(ctx context.Context, cfg *config.Config, env Env) (*App, error) {
 		st.Close()
 		return nil, err
 	}
+	// Every configured repository has its pause row before this replica claims: the
+	// claim orders itself against a pause by locking that row (store.RepoControlEnsure).
+	if err := st.RepoControlEnsure(ctx, cfg.Repos); err != nil {
+		st.Close()
+		return nil, fmt.Errorf("creating the repositories' control rows: %w", err)
+	}
 	gl, err := mr.New(mr.Config{BaseURL: cfg.GitLabURL, Token: cfg.GitLabToken, CallTimeout: cfg.GitLabTimeout, TargetBranch: cfg.TargetBranch})
 	if err != nil {
 		st.Close()

@@ -41,8 +41,8 @@ func (l *claimLoop) runOnce(ctx context.Context) error {
 }
 
 // claimRepo is one claim attempt for one repository. Every outcome (claimed,
-// slot_occupied, nothing_to_claim, preempted) is normal; only a store failure is an
-// error.
+// slot_occupied, nothing_to_claim, preempted, paused) is normal; only a store failure
+// is an error.
 func (l *claimLoop) claimRepo(ctx context.Context, repo string) (store.ClaimResult, error) {
 	log := l.log.With("repo", repo)
 	// Lock-free precheck outside any transaction, one round trip: most rounds of most
@@ -56,6 +56,12 @@ func (l *claimLoop) claimRepo(ctx context.Context, repo string) (store.ClaimResu
 		return store.ClaimResult{}, l.s.itemErr("claim", log, "claim precheck failed", err)
 	}
 	switch {
+	case pre.Paused:
+		// A paused repository is not claimed (the claim reads the pause again inside
+		// its transaction; this is the cheap answer for every round of the freeze).
+		l.s.m.outcomes.WithLabelValues("claim", string(store.ClaimPaused)).Inc()
+		log.Debug("claim round", "outcome", store.ClaimPaused, "precheck", true)
+		return store.ClaimResult{Outcome: store.ClaimPaused}, nil
 	case !pre.Waiting:
 		l.s.m.outcomes.WithLabelValues("claim", string(store.ClaimNothingToClaim)).Inc()
 		return store.ClaimResult{Outcome: store.ClaimNothingToClaim}, nil
@@ -87,9 +93,11 @@ func (l *claimLoop) claimRepo(ctx context.Context, repo string) (store.ClaimResu
 	return res, nil
 }
 
-// followUp claims the next round of repo at once when its oldest waiting rows are a
-// failed batch's retry or bisection half, instead of waiting for the schedule: the
-// replica that settled a batch calls it. The ordinary queue keeps its schedule.
+// followUp claims the next round of repo at once when its first waiting rows are a
+// failed batch's retry or bisection half, or urgent, instead of waiting for the
+// schedule: the replica that settled a batch calls it. An urgent operation that met a
+// held slot (urgent work never preempts a running batch) is thus claimed as soon as
+// that batch settles. The ordinary queue keeps its schedule.
 // Outcomes are logged, never returned: the scheduled round is the backstop.
 func (s *Scanner) followUp(ctx context.Context, repo string) {
 	if s.stopping() || ctx.Err() != nil {
@@ -118,8 +126,8 @@ func (s *Scanner) followUp(ctx context.Context, repo string) {
 // RunRound runs a claim round now for repo, through the same code as the scheduled
 // round (the admin API's POST /v1/admin/rounds). repo "" means every configured
 // repository: the result is the first claimed batch, else slot_occupied if any
-// repository's slot was taken, else nothing_to_claim (preempted is reported as
-// slot_occupied). ErrUnknownRepo for a repository that is not configured.
+// repository's slot was taken, else paused if any repository is paused, else
+// nothing_to_claim (preempted is reported as slot_occupied). ErrUnknownRepo for a repository that is not configured.
 func (s *Scanner) RunRound(ctx context.Context, repo string) (store.ClaimResult, error) {
 	if repo != "" {
 		if !slices.Contains(s.cfg.Repos, repo) {
@@ -136,7 +144,9 @@ func (s *Scanner) RunRound(ctx context.Context, repo string) (store.ClaimResult,
 		switch {
 		case res.Outcome == store.ClaimClaimed && best.Outcome != store.ClaimClaimed:
 			best = res
-		case res.Outcome == store.ClaimSlotOccupied && best.Outcome == store.ClaimNothingToClaim:
+		case res.Outcome == store.ClaimSlotOccupied && (best.Outcome == store.ClaimNothingToClaim || best.Outcome == store.ClaimPaused):
+			best = res
+		case res.Outcome == store.ClaimPaused && best.Outcome == store.ClaimNothingToClaim:
 			best = res
 		}
 	}

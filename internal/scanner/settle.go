@@ -254,16 +254,16 @@ func (s *Scanner) settleUnchanged(ctx context.Context, b store.Batch, log *slog.
 }
 
 // succeeded is what follows a batch settled succeeded: metrics, and the next half or
-// retry group claimed at once when this batch was one.
+// retry group, or waiting urgent work, claimed at once.
 func (s *Scanner) succeeded(ctx context.Context, nb store.Batch, log *slog.Logger) {
 	s.step(ctx, "settle.succeeded", nb.ID)
 	s.m.settles.WithLabelValues("succeeded", "").Inc()
 	s.observeBatch(nb, "succeeded")
 	s.observeMerged(ctx, nb, log)
-	if nb.Depth > 0 || nb.Kind != store.KindFirstTry {
-		// A bisection half or a retry merged: the next half may be waiting.
-		s.followUp(ctx, nb.Repo)
-	}
+	// A bisection half or a retry merged: the next half may be waiting. Or an urgent
+	// operation met this batch's slot and waits for it: it is claimed now, not at the
+	// next scheduled round (the follow-up claim takes nothing else).
+	s.followUp(ctx, nb.Repo)
 }
 
 // mergedAfterFailed applies "merged wins" to a FAILED batch whose MR merged anyway (a

@@ -20,6 +20,7 @@ type Operation struct {
 	Repo      string  `json:"repo"`
 	Action    string  `json:"action"`
 	Status    string  `json:"status"`
+	Priority  string  `json:"priority"` // normal or urgent
 	BatchID   *int64  `json:"batch_id"`
 	MRURL     *string `json:"mr_url"`
 	Error     *Error  `json:"error"`
@@ -74,6 +75,22 @@ type Event struct {
 	// Actor is the principal that caused the event; null for batcherd's own loops.
 	Actor     *string `json:"actor"`
 	CreatedAt string  `json:"created_at"`
+}
+
+// Repo is a repository object (GET /v1/repos, and the pause and resume answers). gitlab
+// and drift are null until the server knows them.
+type Repo struct {
+	Repo            string  `json:"repo"`
+	Paused          bool    `json:"paused"`
+	PauseReason     *string `json:"pause_reason"`
+	PausedUntil     *string `json:"paused_until"`
+	PausedBy        *string `json:"paused_by"`
+	PausedAt        *string `json:"paused_at"`
+	Waiting         int64   `json:"waiting"`
+	OldestWaitingAt *string `json:"oldest_waiting_at"`
+	ActiveBatchID   *int64  `json:"active_batch_id"`
+	GitLab          *string `json:"gitlab"`
+	Drift           any     `json:"drift"`
 }
 
 // RoundResult is the answer of POST /v1/admin/rounds.
