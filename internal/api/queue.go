@@ -62,10 +62,27 @@ func (s *Server) urgentRound(ctx context.Context, op store.Operation) store.Oper
 	if s.rounds == nil || op.Priority != store.PriorityUrgent || op.Status != store.OpQueued {
 		return op
 	}
-	res, err := s.rounds.RunRound(ctx, op.Repo)
-	if err != nil {
-		s.log.Warn("urgent round failed; the scheduled round will claim the operation", "repo", op.Repo, "operation", op.OperationID, "err", err)
-		return op
+	var res store.ClaimResult
+	for attempt := 0; ; attempt++ {
+		var err error
+		res, err = s.rounds.RunRound(ctx, op.Repo)
+		if err != nil {
+			s.log.Warn("urgent round failed; the scheduled round will claim the operation", "repo", op.Repo, "operation", op.OperationID, "err", err)
+			return op
+		}
+		// slot_occupied is final only when a batch holds the slot: its settlement claims
+		// the urgent work next. A claim in flight that met us may instead end without a
+		// batch (it read the waiting set before this approval committed and found
+		// nothing, or lost a race): then nobody would claim until the schedule, so look
+		// again, a few times, while no committed batch holds the slot.
+		if res.Outcome != store.ClaimSlotOccupied || attempt == 4 {
+			break
+		}
+		time.Sleep(time.Duration(10<<attempt) * time.Millisecond)
+		pre, err := s.st.BatchClaimPrecheck(ctx, op.Repo)
+		if err != nil || pre.Held || ctx.Err() != nil {
+			break
+		}
 	}
 	s.log.Info("urgent round", "repo", op.Repo, "operation", op.OperationID, "outcome", res.Outcome, "batch_id", res.BatchID)
 	if res.Outcome == store.ClaimClaimed {

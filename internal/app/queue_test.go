@@ -64,6 +64,17 @@ func queueCluster(t *testing.T, n int, extra map[string]string, pipeline time.Du
 		t.Cleanup(stop)
 		bases = append(bases, "http://"+a.Addr())
 	}
+	// Each replica runs a claim pass right after its start jitter, schedule or not:
+	// wait for those, so the only rounds from here on are the ones a test starts.
+	for _, base := range bases {
+		deadline := time.Now().Add(30 * time.Second)
+		for claimAnswers(t, base) < len(repos) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s ran no claim pass within 30s", base)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	return bases, sim
 }
 
@@ -145,6 +156,44 @@ func metricLine(t *testing.T, base, prefix string) string {
 	return ""
 }
 
+// waitMetric waits until base's metric line with prefix ends in suffix (the database
+// gauges are sampled every few seconds).
+func waitMetric(t *testing.T, base, prefix, suffix string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		l := metricLine(t, base, prefix)
+		if strings.HasSuffix(l, suffix) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %q, want it to end in %q", base, l, suffix)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// claimAnswers sums a replica's claim outcomes (one per repository and round).
+func claimAnswers(t *testing.T, base string) int {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "batcherd_scanner_loop_outcomes_total{") && strings.Contains(l, `loop="claim"`) {
+			var v float64
+			if _, err := fmt.Sscan(l[strings.LastIndexByte(l, ' ')+1:], &v); err == nil {
+				n += int(v)
+			}
+		}
+	}
+	return n
+}
+
 // A pause made through one replica stops every replica's rounds; admission goes on,
 // the batch in flight finishes, GET /v1/repos and the metrics show it, resume (or the
 // end time) lets the next round claim, and the repository's history records it.
@@ -216,9 +265,7 @@ func TestPauseResumeAcrossReplicas(t *testing.T) {
 	if r := list.Repos[1]; r.Repo != other || r.Paused {
 		t.Fatalf("GET /v1/repos shows %+v for the other repository", r)
 	}
-	if l := metricLine(t, b, `batcherd_repo_paused{repo="platform/access"}`); !strings.HasSuffix(l, " 1") {
-		t.Fatalf("paused gauge on the other replica: %q", l)
-	}
+	waitMetric(t, b, `batcherd_repo_paused{repo="platform/access"}`, " 1")
 	if getOp(t, a, waiting.Operation.ID).Operation.Status != "queued" {
 		t.Fatal("an operation was claimed while paused")
 	}
@@ -230,9 +277,7 @@ func TestPauseResumeAcrossReplicas(t *testing.T) {
 	if code := call(t, "POST", b+"/v1/admin/repos/"+esc+"/resume", adminToken, nil, &pe); code != 200 || pe.Repo.Paused {
 		t.Fatalf("second resume: status %d, %+v", code, pe.Repo)
 	}
-	if l := metricLine(t, a, `batcherd_repo_paused{repo="platform/access"}`); !strings.HasSuffix(l, " 0") {
-		t.Fatalf("paused gauge after resume: %q", l)
-	}
+	waitMetric(t, a, `batcherd_repo_paused{repo="platform/access"}`, " 0")
 	if r := round(t, a, repo); r.Outcome != "claimed" {
 		t.Fatalf("round after resume: %+v", r)
 	}
