@@ -112,17 +112,38 @@ func TestWithdrawAndUrgentAPI(t *testing.T) {
 	if len(e.rounds.repos) != 0 {
 		t.Fatalf("a normal approval ran rounds %v", e.rounds.repos)
 	}
-	e.rounds.res = store.ClaimResult{Outcome: store.ClaimSlotOccupied}
+	e.rounds.res = store.ClaimResult{Outcome: store.ClaimNothingToClaim}
 	if r := e.do(req{method: "POST", path: "/v1/operations/" + u + "/approve", token: apiToken}); r.status != 200 || r.op()["priority"] != "urgent" || r.op()["status"] != "queued" {
 		t.Fatalf("approve urgent: %d %s", r.status, r.raw)
 	}
 	if !slices.Equal(e.rounds.repos, []string{repoA}) {
 		t.Fatalf("an urgent approval ran rounds %v, want one of %s", e.rounds.repos, repoA)
 	}
+	// Told slot_occupied while no committed batch holds the slot (a claim in flight
+	// that may end without a batch), the urgent round looks again, a bounded number
+	// of times.
+	e.rounds.repos = nil
+	e.rounds.res = store.ClaimResult{Outcome: store.ClaimSlotOccupied}
+	u2 := create(`{"subject":"e","target":"t","action":"grant","priority":"urgent"}`)
+	if r := e.do(req{method: "POST", path: "/v1/operations/" + u2 + "/approve", token: apiToken}); r.status != 200 || r.op()["status"] != "queued" {
+		t.Fatalf("approve urgent: %d %s", r.status, r.raw)
+	}
+	if len(e.rounds.repos) != 5 {
+		t.Fatalf("urgent rounds with a free slot told occupied: %v, want 5", e.rounds.repos)
+	}
 	// Claimed by a real claim: withdraw answers in_batch.
 	res, err := e.st.BatchClaim(t.Context(), repoA, 10)
 	if err != nil || res.Outcome != store.ClaimClaimed {
 		t.Fatalf("claim: %+v %v", res, err)
+	}
+	// With a batch really holding the slot, one round: its settlement claims next.
+	e.rounds.repos = nil
+	u3 := create(`{"subject":"f","target":"t","action":"grant","priority":"urgent"}`)
+	if r := e.do(req{method: "POST", path: "/v1/operations/" + u3 + "/approve", token: apiToken}); r.status != 200 || r.op()["status"] != "queued" {
+		t.Fatalf("approve urgent: %d %s", r.status, r.raw)
+	}
+	if len(e.rounds.repos) != 1 {
+		t.Fatalf("urgent rounds with the slot held: %v, want 1", e.rounds.repos)
 	}
 	if r := e.do(req{method: "POST", path: "/v1/operations/" + u + "/withdraw", token: apiToken}); r.status != 409 || r.errCode() != "in_batch" {
 		t.Fatalf("withdraw in_batch: %d %s", r.status, r.raw)

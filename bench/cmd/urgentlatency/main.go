@@ -85,7 +85,10 @@ func run(n, held, waiting int) error {
 			return err
 		}
 		a, err := app.New(ctx, cfg, app.Env{Log: log, Stdout: io.Discard, Version: "bench",
-			TuneScanner: func(c *scanner.Config) { c.PublishInterval = 100 * time.Millisecond; c.StartJitter = 10 * time.Millisecond }})
+			TuneScanner: func(c *scanner.Config) {
+				c.PublishInterval = 100 * time.Millisecond
+				c.StartJitter = 10 * time.Millisecond
+			}})
 		if err != nil {
 			return err
 		}
