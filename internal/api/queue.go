@@ -18,10 +18,6 @@ import (
 
 // actor names who made a request (its principal), for the records that say who
 // paused or resumed a repository or withdrew an operation.
-//
-// TODO(principals): once operations record requested_by, handleWithdraw refuses (403)
-// a principal that is neither the operation's requester nor an admin; until then any
-// principal that may call the API may withdraw.
 func actor(r *http.Request) string {
 	if p := principal(r); p.Name != "" {
 		return p.Name
@@ -30,7 +26,7 @@ func actor(r *http.Request) string {
 }
 
 // handleWithdraw: POST /v1/operations/{id}/withdraw — pending_approval or queued →
-// withdrawn; 409 in_batch once a batch claimed it.
+// withdrawn, by the requester or an admin; 409 in_batch once a batch claimed it.
 func (s *Server) handleWithdraw(w http.ResponseWriter, r *http.Request) error {
 	id, err := opID(r)
 	if err != nil {
@@ -38,6 +34,20 @@ func (s *Server) handleWithdraw(w http.ResponseWriter, r *http.Request) error {
 	}
 	if err := s.discardBody(w, r); err != nil {
 		return err
+	}
+	// The requester or an admin: an application is its requester's to take back.
+	// requested_by never changes, so this read decides as well as one inside the
+	// withdrawal's transaction would. An operation without a recorded requester (made
+	// before principals were recorded) is an admin's to withdraw.
+	p := principal(r)
+	if !p.Admin {
+		cur, err := s.st.OperationGet(r.Context(), id)
+		if err != nil {
+			return notFoundAs(err, "operation %q not found", id)
+		}
+		if cur.RequestedBy == "" || cur.RequestedBy != p.Name {
+			return errf(http.StatusForbidden, "forbidden", "only the operation's requester or an admin may withdraw it; %q is neither", p.Name)
+		}
 	}
 	op, err := s.st.OperationWithdraw(r.Context(), id, actor(r))
 	switch {

@@ -79,7 +79,7 @@ func TestPauseResumeAPI(t *testing.T) {
 // Withdraw over the API: 200 withdrawn (idempotent), 409 in_batch once claimed, 409
 // stale once rejected, 404 unknown; an urgent approval asks for a round at once.
 func TestWithdrawAndUrgentAPI(t *testing.T) {
-	e := newEnv(t, nil)
+	e := newEnv(t, func(c *Config) { c.APITokens = append(c.APITokens, "bystander=bystander-token") })
 	create := func(body string) string {
 		r := e.do(req{method: "POST", path: "/v1/operations", token: apiToken, body: body})
 		if r.status != 201 {
@@ -88,13 +88,17 @@ func TestWithdrawAndUrgentAPI(t *testing.T) {
 		return r.op()["id"].(string)
 	}
 	id := create(`{"subject":"a","target":"t","action":"grant"}`)
+	// Another API principal may not take someone else's application back.
+	if r := e.do(req{method: "POST", path: "/v1/operations/" + id + "/withdraw", token: "bystander-token"}); r.status != 403 || r.errCode() != "forbidden" {
+		t.Fatalf("withdraw by a bystander: %d %s", r.status, r.raw)
+	}
 	for range 2 {
 		if r := e.do(req{method: "POST", path: "/v1/operations/" + id + "/withdraw", token: apiToken}); r.status != 200 || r.op()["status"] != "withdrawn" {
 			t.Fatalf("withdraw: %d %s", r.status, r.raw)
 		}
 	}
 	rej := create(`{"subject":"b","target":"t","action":"grant"}`)
-	e.do(req{method: "POST", path: "/v1/operations/" + rej + "/reject", token: apiToken})
+	e.do(req{method: "POST", path: "/v1/operations/" + rej + "/reject", token: adminToken})
 	if r := e.do(req{method: "POST", path: "/v1/operations/" + rej + "/withdraw", token: apiToken}); r.status != 409 || r.errCode() != "stale" {
 		t.Fatalf("withdraw rejected: %d %s", r.status, r.raw)
 	}
@@ -106,14 +110,14 @@ func TestWithdrawAndUrgentAPI(t *testing.T) {
 	}
 	u := create(`{"subject":"c","target":"t","action":"grant","priority":"urgent"}`)
 	n := create(`{"subject":"d","target":"t","action":"grant"}`)
-	if r := e.do(req{method: "POST", path: "/v1/operations/" + n + "/approve", token: apiToken}); r.status != 200 || r.op()["priority"] != "normal" {
+	if r := e.do(req{method: "POST", path: "/v1/operations/" + n + "/approve", token: adminToken}); r.status != 200 || r.op()["priority"] != "normal" {
 		t.Fatalf("approve normal: %d %s", r.status, r.raw)
 	}
 	if len(e.rounds.repos) != 0 {
 		t.Fatalf("a normal approval ran rounds %v", e.rounds.repos)
 	}
 	e.rounds.res = store.ClaimResult{Outcome: store.ClaimNothingToClaim}
-	if r := e.do(req{method: "POST", path: "/v1/operations/" + u + "/approve", token: apiToken}); r.status != 200 || r.op()["priority"] != "urgent" || r.op()["status"] != "queued" {
+	if r := e.do(req{method: "POST", path: "/v1/operations/" + u + "/approve", token: adminToken}); r.status != 200 || r.op()["priority"] != "urgent" || r.op()["status"] != "queued" {
 		t.Fatalf("approve urgent: %d %s", r.status, r.raw)
 	}
 	if !slices.Equal(e.rounds.repos, []string{repoA}) {
@@ -125,7 +129,7 @@ func TestWithdrawAndUrgentAPI(t *testing.T) {
 	e.rounds.repos = nil
 	e.rounds.res = store.ClaimResult{Outcome: store.ClaimSlotOccupied}
 	u2 := create(`{"subject":"e","target":"t","action":"grant","priority":"urgent"}`)
-	if r := e.do(req{method: "POST", path: "/v1/operations/" + u2 + "/approve", token: apiToken}); r.status != 200 || r.op()["status"] != "queued" {
+	if r := e.do(req{method: "POST", path: "/v1/operations/" + u2 + "/approve", token: adminToken}); r.status != 200 || r.op()["status"] != "queued" {
 		t.Fatalf("approve urgent: %d %s", r.status, r.raw)
 	}
 	if len(e.rounds.repos) != 5 {
@@ -139,13 +143,14 @@ func TestWithdrawAndUrgentAPI(t *testing.T) {
 	// With a batch really holding the slot, one round: its settlement claims next.
 	e.rounds.repos = nil
 	u3 := create(`{"subject":"f","target":"t","action":"grant","priority":"urgent"}`)
-	if r := e.do(req{method: "POST", path: "/v1/operations/" + u3 + "/approve", token: apiToken}); r.status != 200 || r.op()["status"] != "queued" {
+	if r := e.do(req{method: "POST", path: "/v1/operations/" + u3 + "/approve", token: adminToken}); r.status != 200 || r.op()["status"] != "queued" {
 		t.Fatalf("approve urgent: %d %s", r.status, r.raw)
 	}
 	if len(e.rounds.repos) != 1 {
 		t.Fatalf("urgent rounds with the slot held: %v, want 1", e.rounds.repos)
 	}
-	if r := e.do(req{method: "POST", path: "/v1/operations/" + u + "/withdraw", token: apiToken}); r.status != 409 || r.errCode() != "in_batch" {
+	// An admin may withdraw anyone's operation: here it is claimed already.
+	if r := e.do(req{method: "POST", path: "/v1/operations/" + u + "/withdraw", token: adminToken}); r.status != 409 || r.errCode() != "in_batch" {
 		t.Fatalf("withdraw in_batch: %d %s", r.status, r.raw)
 	}
 	if r := e.do(req{method: "POST", path: "/v1/operations/" + u + "/withdraw", token: apiToken, body: strings.Repeat("x", 70<<10)}); r.status != http.StatusRequestEntityTooLarge {

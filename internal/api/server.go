@@ -205,8 +205,8 @@ func (s *Server) routeTable() []route {
 		// and retry is not one of them. It grants nothing an API token cannot already
 		// do (approve): it re-queues an operation that was approved and then failed.
 		{"POST", "/v1/operations/{id}/retry", authAPI, s.handleRetry},
-		// Withdraw takes an API principal: until operations record who requested them,
-		// any caller that may apply may take an application back (see actor in queue.go).
+		// Withdraw takes an API principal: the operation's requester (or an admin) may
+		// take its application back (handleWithdraw).
 		{"POST", "/v1/operations/{id}/withdraw", authAPI, s.handleWithdraw},
 		{"GET", "/v1/operations/{id}/events", authAPI, s.handleOperationEvents},
 		{"GET", "/v1/bindings", authAPI, s.handleListBindings},

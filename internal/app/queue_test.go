@@ -22,6 +22,9 @@ import (
 // resume, withdraw, and the urgent lane. The schedule is an hour, so every round in
 // these tests is one the test (or the urgent lane) started.
 
+// approverToken is a second API principal: four eyes refuses the requester's own approval.
+const approverToken = "approver-token-for-tests"
+
 func queueConfig(t *testing.T, dsn, glURL string, extra map[string]string, repos ...string) *config.Config {
 	t.Helper()
 	env := map[string]string{
@@ -30,7 +33,7 @@ func queueConfig(t *testing.T, dsn, glURL string, extra map[string]string, repos
 		"BATCHERD_GITLAB_TOKEN":       "sim-token",
 		"BATCHERD_REPOS":              strings.Join(repos, ","),
 		"BATCHERD_HTTP_ADDR":          "127.0.0.1:0",
-		"BATCHERD_API_TOKENS":         "requester=" + apiToken,
+		"BATCHERD_API_TOKENS":         "requester=" + apiToken + ",approver=" + approverToken,
 		"BATCHERD_ADMIN_TOKENS":       "oncall=" + adminToken,
 		"BATCHERD_AUTO_APPROVE":       "true",
 		"BATCHERD_CLAIM_SCHEDULE":     "@every 1h",
@@ -351,7 +354,7 @@ func TestWithdrawAcrossReplicas(t *testing.T) {
 		t.Fatalf("binding after withdraw: %+v", bl)
 	}
 	queued := createOp(t, b, map[string]any{"subject": "p", "target": "db", "action": "grant"}) // re-appliable
-	if code := call(t, "POST", a+"/v1/operations/"+queued.Operation.ID+"/approve", apiToken, nil, nil); code != 200 {
+	if code := call(t, "POST", a+"/v1/operations/"+queued.Operation.ID+"/approve", approverToken, nil, nil); code != 200 {
 		t.Fatalf("approve: %d", code)
 	}
 	if code := call(t, "POST", b+"/v1/operations/"+queued.Operation.ID+"/withdraw", apiToken, nil, &w); code != 200 || w.Operation.Status != "withdrawn" {
@@ -361,7 +364,7 @@ func TestWithdrawAcrossReplicas(t *testing.T) {
 		t.Fatalf("round after withdrawing everything: %+v", r)
 	}
 	claimed := createOp(t, b, map[string]any{"subject": "p", "target": "db", "action": "grant"})
-	call(t, "POST", b+"/v1/operations/"+claimed.Operation.ID+"/approve", apiToken, nil, nil)
+	call(t, "POST", b+"/v1/operations/"+claimed.Operation.ID+"/approve", approverToken, nil, nil)
 	if r := round(t, b, repo); r.Outcome != "claimed" {
 		t.Fatalf("round: %+v", r)
 	}
@@ -389,7 +392,7 @@ func TestWithdrawAcrossReplicas(t *testing.T) {
 	ids := make([]string, n)
 	for i := range ids {
 		op := createOp(t, a, map[string]any{"subject": fmt.Sprintf("r%d", i), "target": "db", "action": "grant"})
-		if code := call(t, "POST", b+"/v1/operations/"+op.Operation.ID+"/approve", apiToken, nil, nil); code != 200 {
+		if code := call(t, "POST", b+"/v1/operations/"+op.Operation.ID+"/approve", approverToken, nil, nil); code != 200 {
 			t.Fatalf("approve: %d", code)
 		}
 		ids[i] = op.Operation.ID
@@ -453,7 +456,7 @@ func TestUrgentLaneAcrossReplicas(t *testing.T) {
 	var normal []string
 	for i := range 4 {
 		op := createOp(t, a, map[string]any{"subject": fmt.Sprintf("n%d", i), "target": "db", "action": "grant"})
-		if code := call(t, "POST", a+"/v1/operations/"+op.Operation.ID+"/approve", apiToken, nil, nil); code != 200 {
+		if code := call(t, "POST", a+"/v1/operations/"+op.Operation.ID+"/approve", approverToken, nil, nil); code != 200 {
 			t.Fatal(code)
 		}
 		normal = append(normal, op.Operation.ID)
@@ -466,7 +469,7 @@ func TestUrgentLaneAcrossReplicas(t *testing.T) {
 		t.Fatalf("unknown priority: %d", code)
 	}
 	var approved opEnvelope
-	if code := call(t, "POST", b+"/v1/operations/"+u.Operation.ID+"/approve", apiToken, nil, &approved); code != 200 || approved.Operation.Status != "in_batch" || approved.Operation.BatchID == nil {
+	if code := call(t, "POST", b+"/v1/operations/"+u.Operation.ID+"/approve", approverToken, nil, &approved); code != 200 || approved.Operation.Status != "in_batch" || approved.Operation.BatchID == nil {
 		t.Fatalf("urgent approval answered %d %+v, want in_batch at once", code, approved)
 	}
 	var batch struct {
@@ -488,7 +491,7 @@ func TestUrgentLaneAcrossReplicas(t *testing.T) {
 	// The slot is held (pipelines take a second): a second urgent approval waits.
 	u2 := createOp(t, a, map[string]any{"subject": "leaver2", "target": "db", "action": "grant", "priority": "urgent"})
 	var ap2 opEnvelope
-	if code := call(t, "POST", a+"/v1/operations/"+u2.Operation.ID+"/approve", apiToken, nil, &ap2); code != 200 || ap2.Operation.Status != "queued" {
+	if code := call(t, "POST", a+"/v1/operations/"+u2.Operation.ID+"/approve", approverToken, nil, &ap2); code != 200 || ap2.Operation.Status != "queued" {
 		t.Fatalf("urgent approval with the slot held: %d %+v, want queued (no preemption)", code, ap2)
 	}
 	// The first batch settles; its settling replica claims the urgent one next.

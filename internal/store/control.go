@@ -130,7 +130,7 @@ func (s *Store) RepoPause(ctx context.Context, p RepoPauseParams) (RepoControl, 
 		if p.Until != nil {
 			detail += " (until " + p.Until.UTC().Format(time.RFC3339) + ")"
 		}
-		if err := recordRepoEvent(ctx, tx, p.Repo, cur.Version+1, EventRepoPaused, detail); err != nil {
+		if err := recordRepoEvent(ctx, tx, p.Repo, cur.Version+1, EventRepoPaused, detail, p.By); err != nil {
 			return err
 		}
 		out, err = readRepoControl(ctx, tx, p.Repo)
@@ -158,7 +158,7 @@ func (s *Store) RepoResume(ctx context.Context, repo, by string) (RepoControl, e
 			if err := mustAffect(res, 1); err != nil {
 				return err
 			}
-			if err := recordRepoEvent(ctx, tx, repo, cur.Version+1, EventRepoResumed, "resumed by "+by); err != nil {
+			if err := recordRepoEvent(ctx, tx, repo, cur.Version+1, EventRepoResumed, "resumed by "+by, by); err != nil {
 				return err
 			}
 		}
@@ -187,11 +187,11 @@ func readRepoControl(ctx context.Context, tx *sqlx.Tx, repo string) (RepoControl
 // recordRepoEvent appends an event to repo's history. The dedupe key names the
 // repository by a hash (a path may be longer than the key) and the control row's
 // version the event's write produced, so each pause or resume is recorded once.
-func recordRepoEvent(ctx context.Context, tx *sqlx.Tx, repo string, version int64, code, detail string) error {
+func recordRepoEvent(ctx context.Context, tx *sqlx.Tx, repo string, version int64, code, detail, actor string) error {
 	sum := sha256.Sum256([]byte(repo))
 	key := fmt.Sprintf("repo:%s:v%d:%s", hex.EncodeToString(sum[:12]), version, code)
-	_, err := tx.ExecContext(ctx, `INSERT INTO audit_event (dedupe_key, repo, code, detail) VALUES (?, ?, ?, ?)
-		ON DUPLICATE KEY UPDATE id = id`, key, repo, code, truncateUTF8(detail, auditDetailLen))
+	_, err := tx.ExecContext(ctx, `INSERT INTO audit_event (dedupe_key, repo, code, detail, actor) VALUES (?, ?, ?, ?, ?)
+		ON DUPLICATE KEY UPDATE id = id`, key, repo, code, truncateUTF8(detail, auditDetailLen), truncRunes(actor, 128))
 	return err
 }
 
@@ -201,7 +201,7 @@ func (s *Store) RepoEvents(ctx context.Context, repo string, limit int) ([]Event
 		limit = 100
 	}
 	out := []Event{}
-	err := s.db.SelectContext(ctx, &out, `SELECT id, dedupe_key, operation_id, batch_id, code, detail, created_at
+	err := s.db.SelectContext(ctx, &out, `SELECT id, dedupe_key, operation_id, batch_id, code, detail, actor, created_at
 		FROM audit_event WHERE repo = ? ORDER BY id LIMIT ?`, repo, limit)
 	return out, translate(err)
 }

@@ -17,8 +17,8 @@ var ErrInBatch = errors.New("in batch")
 // EventWithdrawn is the audit code of a withdrawal.
 const EventWithdrawn = "withdrawn"
 
-// OperationWithdraw takes an operation in pending_approval or queued out of the queue:
-// status withdrawn, its waiting row deleted, its binding back to what the repository
+// OperationWithdraw takes an operation in pending_approval or queued out of the queue,
+// by principal by (withdrawn_by, and the event's actor): status withdrawn, its waiting row deleted, its binding back to what the repository
 // holds (a grant's binding closed — no file, re-appliable; a revoke's binding active
 // again — the file stays), so a new application of the relation is accepted. A repeat
 // returns the withdrawn operation. ErrInBatch once a batch claimed it; ErrStale when it
@@ -76,7 +76,7 @@ func (s *Store) operationWithdrawTx(ctx context.Context, operationID, by string)
 		}
 		// The operation, guarded on the status and version read (I6): a claim that
 		// committed between the read and here has moved it to in_batch.
-		if err := setOperationStatus(ctx, tx, op, OpWithdrawn); err != nil {
+		if err := setOperationStatusBy(ctx, tx, op, OpWithdrawn, "withdrawn_by", by); err != nil {
 			return ErrLostRace
 		}
 		b, _, err := bindingBySubjectTarget(ctx, tx, op.Subject, op.Target, true)
@@ -92,11 +92,7 @@ func (s *Store) operationWithdrawTx(ctx context.Context, operationID, by string)
 		if err := guardBindingOwned(ctx, tx, op, b, pendingBindingStatus(op.Action), to); err != nil {
 			return err
 		}
-		detail := "withdrawn from " + string(op.Status)
-		if by != "" {
-			detail += " by " + by
-		}
-		if err := recordEvent(ctx, tx, op.OperationID, EventWithdrawn, 0, detail); err != nil {
+		if err := recordEventBy(ctx, tx, op.OperationID, EventWithdrawn, 0, "withdrawn from "+string(op.Status), by); err != nil {
 			return err
 		}
 		out, err = operationByID(ctx, tx, operationID, false)

@@ -39,6 +39,7 @@ import (
 const (
 	repo       = "bench/urgent"
 	apiToken   = "bench-api-token"
+	approver   = "bench-approver-token" // four eyes: another principal approves
 	adminToken = "bench-admin-token"
 )
 
@@ -70,7 +71,7 @@ func run(n, held, waiting int) error {
 		cfg, err := config.Load(ctx, envconfig.MapLookuper(map[string]string{
 			"BATCHERD_MYSQL_DSN": d.DSN, "BATCHERD_GITLAB_URL": sim.URL(), "BATCHERD_GITLAB_TOKEN": "sim-token",
 			"BATCHERD_REPOS": repo, "BATCHERD_HTTP_ADDR": "127.0.0.1:0",
-			"BATCHERD_API_TOKENS": "requester=" + apiToken, "BATCHERD_ADMIN_TOKENS": "oncall=" + adminToken,
+			"BATCHERD_API_TOKENS": "requester=" + apiToken + ",approver=" + approver, "BATCHERD_ADMIN_TOKENS": "oncall=" + adminToken,
 			"BATCHERD_AUTO_APPROVE": "false", "BATCHERD_CLAIM_SCHEDULE": "@every 1h",
 			"BATCHERD_RECONCILE_INTERVAL": "100ms", "BATCHERD_MAX_BATCH_SIZE": "20",
 		}))
@@ -242,7 +243,7 @@ func urgentOf(subject string) string {
 	return "urgent"
 }
 
-func post(base, path string) (opObj, error) { return do("POST", base+path, apiToken, nil) }
+func post(base, path string) (opObj, error) { return do("POST", base+path, approver, nil) }
 
 func round(base string) error {
 	_, err := do("POST", base+"/v1/admin/rounds", adminToken, map[string]any{"repo": repo})
