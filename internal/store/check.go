@@ -103,11 +103,11 @@ var requiredColumns = map[string][]string{
 
 // columnsMigration names the migration that adds each table's required columns.
 var columnsMigration = map[string]string{
-	"merge_batch_request": "failure isolation and queue control, migrations 00002 and 00007",
+	"merge_batch_request": "failure isolation, migration 00002; queue control, migration 00007",
 	"merge_batch":         "failure isolation, migration 00002",
 	"merge_batch_member":  "failure isolation, migration 00002",
-	"operation":           "principals and queue control, migrations 00006 and 00007",
-	"audit_event":         "principals and queue control, migrations 00006 and 00007",
+	"operation":           "principals, migration 00006; queue control, migration 00007",
+	"audit_event":         "principals, migration 00006; queue control, migration 00007",
 	"idempotency_key":     "principals, migration 00006",
 	"repo_control":        "queue control, migration 00007",
 }
