@@ -88,9 +88,13 @@ func (s *Server) urgentRound(ctx context.Context, op store.Operation) store.Oper
 		if res.Outcome != store.ClaimSlotOccupied || attempt == 4 {
 			break
 		}
-		time.Sleep(time.Duration(10<<attempt) * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return op
+		case <-time.After(time.Duration(10<<attempt) * time.Millisecond):
+		}
 		pre, err := s.st.BatchClaimPrecheck(ctx, op.Repo)
-		if err != nil || pre.Held || ctx.Err() != nil {
+		if err != nil || pre.Held {
 			break
 		}
 	}
