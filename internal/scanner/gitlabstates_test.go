@@ -64,8 +64,10 @@ func (e *env) maxTries() int {
 // and merges with it. Not one batch fails, nothing is rebuilt, no attempt is charged
 // twice — where before every such batch ended max_attempts ("needs a rebase").
 func TestRebaseWhenTheTargetMovesIsNotAConflict(t *testing.T) {
+	t.Parallel()
 	for _, method := range []string{gitlabsim.MergeMethodFastForward, gitlabsim.MergeMethodRebaseMerge} {
 		t.Run(method, func(t *testing.T) {
+			t.Parallel()
 			e := newEnv(t, gitlabsim.Options{MergeMethod: method, ManualPipelines: true}, repo)
 			s := e.scanner("r1", longTimeout)
 			for round := range 4 {
@@ -119,6 +121,7 @@ func TestRebaseWhenTheTargetMovesIsNotAConflict(t *testing.T) {
 // A rebase GitLab cannot do (the target changed a member's file too) is a conflict:
 // the conflict policy rebuilds the batch on the new target.
 func TestRebaseThatConflictsIsAConflict(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, gitlabsim.Options{MergeMethod: gitlabsim.MergeMethodFastForward, ManualPipelines: true}, repo)
 	s := e.scanner("r1", longTimeout)
 	ids := storetest.InsertQueuedOps(t, e.st, repo, 1)
@@ -138,12 +141,14 @@ func TestRebaseThatConflictsIsAConflict(t *testing.T) {
 // wait for the batch timeout: canceled is infra, skipped/manual (not mergeable) are
 // ci_blocked; both retry the members once as a group, then fail them with the class.
 func TestCanceledSkippedManualPipelinesAreActedOn(t *testing.T) {
+	t.Parallel()
 	for status, want := range map[string]domain.FailureClass{
 		"canceled": ClassInfra,
 		"skipped":  ClassCIBlocked,
 		"manual":   ClassCIBlocked,
 	} {
 		t.Run(status, func(t *testing.T) {
+			t.Parallel()
 			e := newEnv(t, gitlabsim.Options{PipelineRules: []gitlabsim.PipelineRule{{RefPrefix: "batcherd/", Status: status}}}, repo)
 			s := e.scanner("r1", longTimeout)
 			ids := storetest.InsertQueuedOps(t, e.st, repo, 2)
@@ -172,9 +177,10 @@ func TestCanceledSkippedManualPipelinesAreActedOn(t *testing.T) {
 // Pipelines that have not ended (created … scheduled, canceling) are waited for, with
 // neither a block nor a failure.
 func TestPipelinesThatHaveNotEndedAreWaitedFor(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
+	s := e.scanner("r1", longTimeout)
 	for _, status := range []string{"created", "waiting_for_resource", "preparing", "pending", "running", "scheduled", "canceling"} {
-		e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
-		s := e.scanner("r1", longTimeout)
 		storetest.InsertQueuedOps(t, e.st, repo, 1)
 		b := e.published(s, repo)
 		if err := e.sim.SetMRPipelineStatus(repo, *b.MRIID, status, ""); err != nil {
@@ -199,12 +205,30 @@ func TestPipelinesThatHaveNotEndedAreWaitedFor(t *testing.T) {
 	}
 }
 
+// withSim is e with a fresh simulator (and client) on the same database: one database
+// serves several GitLab setups in turn (creating a database is the slow part).
+func (e *env) withSim(opts gitlabsim.Options) *env {
+	e.t.Helper()
+	opts.Projects = e.repos
+	sim := gitlabsim.StartTest(e.t, opts)
+	gl, err := mr.New(mr.Config{BaseURL: sim.URL(), Token: sim.Token(), CallTimeout: 5 * time.Second,
+		RetryWaitMin: 5 * time.Millisecond, RetryWaitMax: 50 * time.Millisecond})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cp := *e
+	cp.sim, cp.gl = sim, gl
+	return &cp
+}
+
 // Mergeability still being computed (checking) is waited for in every merge mode and
 // version; it is never read as a conflict.
 func TestCheckingMergeabilityIsWaitedFor(t *testing.T) {
+	t.Parallel()
+	base := newEnv(t, gitlabsim.Options{}, repo)
 	for _, mode := range []MergeMode{MergeAuto, MergeDirect} {
 		for _, v := range []string{gitlabsim.Version16, gitlabsim.Version18} {
-			e := newEnv(t, gitlabsim.Options{Version: v, MergeCheckReads: 4, PipelineDuration: 30 * time.Millisecond}, repo)
+			e := base.withSim(gitlabsim.Options{Version: v, MergeCheckReads: 4, PipelineDuration: 30 * time.Millisecond})
 			s := e.scanner("r1", func(c *Config) { longTimeout(c); c.MergeMode = mode })
 			ids := storetest.InsertQueuedOps(t, e.st, repo, 2)
 			b := e.published(s, repo)
@@ -220,6 +244,7 @@ func TestCheckingMergeabilityIsWaitedFor(t *testing.T) {
 // bisected like a failing test, unknown_failure is retried once then bisected, a
 // runner failure is retried without bisection.
 func TestFailureReasonsGoToTheirClass(t *testing.T) {
+	t.Parallel()
 	for reason, want := range map[string]struct {
 		class domain.FailureClass
 		kind  string // the kind of the batch the failure leads to
@@ -231,6 +256,7 @@ func TestFailureReasonsGoToTheirClass(t *testing.T) {
 		"a_future_reason":       {ClassUnknown, store.KindRetryPrefix + string(ClassUnknown)},
 	} {
 		t.Run(reason, func(t *testing.T) {
+			t.Parallel()
 			e := newEnv(t, gitlabsim.Options{PipelineRules: []gitlabsim.PipelineRule{{RefPrefix: "batcherd/", FailureReason: reason}}}, repo)
 			s := e.scanner("r1", longTimeout)
 			storetest.InsertQueuedOps(t, e.st, repo, 2)
@@ -256,6 +282,7 @@ func TestFailureReasonsGoToTheirClass(t *testing.T) {
 // is never failed — and the flake is counted for its repository. With retries off,
 // the same member is named the culprit.
 func TestFlakyLoneMemberIsNotACulprit(t *testing.T) {
+	t.Parallel()
 	for _, retries := range []int{1, -1} {
 		// The branch's first two runs fail (its creation and its commit); the third (the
 		// retry) passes.
@@ -286,6 +313,7 @@ func TestFlakyLoneMemberIsNotACulprit(t *testing.T) {
 // ("needs a rebase": each batch was rebuilt on a target that had moved again). Now
 // every operation merges, no batch fails and nobody is charged a second attempt.
 func TestFastForwardProjectWithAMovingTarget(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, gitlabsim.Options{MergeMethod: gitlabsim.MergeMethodFastForward, PipelineDuration: 40 * time.Millisecond}, repo)
 	var ids []string
 	c := e.startCluster(3, func(c *Config) { longTimeout(c); c.MaxBatchSize = 5 })
@@ -337,6 +365,7 @@ func TestFastForwardProjectWithAMovingTarget(t *testing.T) {
 // In block mode a rebase is still not a failure: the batch is rebased and merges,
 // never BLOCKED for it.
 func TestBlockModeRebasesToo(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, gitlabsim.Options{MergeMethod: gitlabsim.MergeMethodRebaseMerge, ManualPipelines: true}, repo)
 	s := e.scanner("r1", func(c *Config) { longTimeout(c); c.OnFailure = FailureBlock })
 	ids := storetest.InsertQueuedOps(t, e.st, repo, 2)

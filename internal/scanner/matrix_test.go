@@ -52,6 +52,7 @@ func (e *env) moveTarget(label string) {
 }
 
 func TestGitLabMatrix(t *testing.T) {
+	t.Parallel()
 	for _, cell := range matrixCells() {
 		name := strings.SplitN(cell.version, ".", 3)[0] + "." + strings.SplitN(cell.version, ".", 3)[1] + "_" + cell.method
 		t.Run(name, func(t *testing.T) {
@@ -99,8 +100,8 @@ func TestGitLabMatrix(t *testing.T) {
 			})
 			t.Run("crash_resume", func(t *testing.T) {
 				t.Parallel()
+				e := newEnv(t, cell.options(), repo)
 				for _, step := range []string{"publish.mr", "publish.recorded"} {
-					e := newEnv(t, cell.options(), repo)
 					ids := storetest.InsertQueuedOps(t, e.st, repo, 4)
 					ctx, cancel := context.WithCancel(context.Background())
 					hit := false
