@@ -32,6 +32,10 @@ type SchemaReport struct {
 	// a REPEATABLE READ write to a row changed after the read view fails with 1020,
 	// which the store reads as a lost race.
 	SnapshotIsolation string
+	// WsrepOn is @@wsrep_on ("ON" on a Galera node, "" when absent) and WsrepSyncWait
+	// the wsrep_sync_wait batcherd's sessions read with: Open sets its READ bit on a
+	// Galera node unless the DSN names it.
+	WsrepOn, WsrepSyncWait string
 	// Checked lists what was verified, one line per constraint.
 	Checked []string
 	// Problems lists the drift found; empty when the schema is sound.
@@ -46,6 +50,8 @@ func (r SchemaReport) LogAttrs() []any {
 		slog.String("tx_isolation", r.TxIsolation),
 		slog.String("transaction_isolation", r.TransactionIsolation),
 		slog.String("innodb_snapshot_isolation", r.SnapshotIsolation),
+		slog.String("wsrep_on", r.WsrepOn),
+		slog.String("wsrep_sync_wait", r.WsrepSyncWait),
 		slog.Int("constraints_checked", len(r.Checked)),
 		slog.Int("problems", len(r.Problems)),
 	}
@@ -345,7 +351,7 @@ func normalizeExpression(expr string) string {
 // names exist differs between MariaDB and MySQL versions.
 func (s *Store) readIsolation(ctx context.Context, rep *SchemaReport) error {
 	rows, err := s.db.QueryxContext(ctx, `SHOW VARIABLES WHERE Variable_name IN
-		('tx_isolation', 'transaction_isolation', 'innodb_snapshot_isolation', 'version')`)
+		('tx_isolation', 'transaction_isolation', 'innodb_snapshot_isolation', 'version', 'wsrep_on', 'wsrep_sync_wait')`)
 	if err != nil {
 		return translate(err)
 	}
@@ -364,6 +370,10 @@ func (s *Store) readIsolation(ctx context.Context, rep *SchemaReport) error {
 			rep.SnapshotIsolation = value
 		case "version":
 			rep.ServerVersion = value
+		case "wsrep_on":
+			rep.WsrepOn = value
+		case "wsrep_sync_wait":
+			rep.WsrepSyncWait = value
 		}
 	}
 	return translate(rows.Err())

@@ -294,3 +294,18 @@ func TestPingPlainServer(t *testing.T) {
 		t.Fatalf("Ping on a server without Galera: %v", err)
 	}
 }
+
+// TestOpenLeavesPlainServerSyncWait: Open sets wsrep_sync_wait only on a Galera node
+// (`make ha` proves that side on a real cluster); on the test server, which runs
+// without wsrep, the session keeps the server's value.
+func TestOpenLeavesPlainServerSyncWait(t *testing.T) {
+	st, _ := storetest.New(t)
+	var on, wait string
+	row := st.DB().QueryRow("SELECT @@SESSION.wsrep_on, @@SESSION.wsrep_sync_wait")
+	if err := row.Scan(&on, &wait); err != nil {
+		t.Skipf("the server has no wsrep variables: %v", err)
+	}
+	if on != "0" || wait != "0" {
+		t.Fatalf("plain server: wsrep_on=%s wsrep_sync_wait=%s, want 0 and 0 (left alone)", on, wait)
+	}
+}

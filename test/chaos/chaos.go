@@ -45,6 +45,9 @@ type Config struct {
 	// "single" (every replica through HAProxy, one writer) or "multi" (each replica
 	// writes through another node). "" is the usual chaos run.
 	HA string
+	// HASyncWait, when 0 or more, is the wsrep_sync_wait of batcherd's sessions in an
+	// HA run (-1: the server's default, 0).
+	HASyncWait int
 
 	Keep    bool // keep logs and the private MariaDB directory
 	Verbose bool
@@ -69,6 +72,7 @@ func defaultConfig() Config {
 		// Above the publish lease (30s): a publish that crashed or failed is resumed
 		// by another replica before its batch times out.
 		BatchTimeout: 45 * time.Second,
+		HASyncWait:   -1,
 	}
 }
 

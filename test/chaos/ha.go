@@ -71,10 +71,13 @@ type haKill struct {
 
 // galeraDB lets the run treat the cluster as its database: stopping or killing it
 // means the writer node.
-type galeraDB struct{ g *harness.Galera }
+type galeraDB struct {
+	g   *harness.Galera
+	dsn string // batcherd's through HAProxy, with -ha-sync-wait
+}
 
 func (d galeraDB) Running() bool     { return d.g.Running() }
-func (d galeraDB) ServerDSN() string { return d.g.ServerDSN() }
+func (d galeraDB) ServerDSN() string { return d.dsn }
 func (d galeraDB) AdminDSN() string  { return d.g.AdminDSN() }
 func (d galeraDB) Close() error      { return d.g.Close() }
 
@@ -112,14 +115,36 @@ func (r *run) startGalera(ctx context.Context, _ func(string, ...any)) error {
 	if err != nil {
 		return fmt.Errorf("galera cluster: %w", err)
 	}
-	r.gal, r.db = g, galeraDB{g}
+	r.gal, r.db = g, galeraDB{g: g, dsn: r.withSyncWait(g.ServerDSN())}
 	r.ha = &haRun{done: make(chan struct{}), readyz: map[string][]readySample{}, errs: map[string]float64{}}
 	mode := "single writer: every replica through HAProxy on 127.0.0.1:%d"
 	if r.cfg.HA == "multi" {
 		mode = "MULTI-WRITER: each replica writes through another node directly (HAProxy on 127.0.0.1:%d for the probe)"
 	}
+	r.checkSyncWait(ctx)
 	r.logf("galera: %d nodes synced and HAProxy up in %s; "+mode, len(g.Nodes), time.Since(t0).Round(100*time.Millisecond), g.ProxyPort)
 	return nil
+}
+
+// checkSyncWait proves on the cluster what store.Open does on a Galera node: a DSN
+// without wsrep_sync_wait gets its READ bit (reads wait for what the cluster has
+// committed), one that names it keeps its value.
+func (r *run) checkSyncWait(ctx context.Context) {
+	for _, c := range []struct{ dsn, want string }{
+		{r.gal.Nodes[0].DSN(), "1"},
+		{r.gal.Nodes[0].DSN() + "?wsrep_sync_wait=0", "0"},
+	} {
+		st, err := store.Open(ctx, c.dsn, store.Options{MaxOpenConns: 1})
+		if err != nil {
+			r.violation("HA: store.Open on %s: %v", r.gal.Nodes[0].Name, err)
+			continue
+		}
+		var got string
+		if err := st.DB().QueryRowContext(ctx, "SELECT @@SESSION.wsrep_sync_wait").Scan(&got); err != nil || got != c.want {
+			r.violation("HA: store on a Galera node (DSN %s): wsrep_sync_wait = %q (%v), want %s", strings.TrimPrefix(c.dsn, r.gal.Nodes[0].DSN()), got, err, c.want)
+		}
+		st.Close()
+	}
 }
 
 // replicaServerDSNs gives each replica another node in a multi-writer run.
@@ -129,9 +154,27 @@ func (r *run) replicaServerDSNs() []string {
 	}
 	var dsns []string
 	for _, n := range r.gal.Nodes {
-		dsns = append(dsns, n.DSN())
+		dsns = append(dsns, r.withSyncWait(n.DSN()))
 	}
 	return dsns
+}
+
+// withSyncWait adds wsrep_sync_wait (-ha-sync-wait) to a DSN. Without it batcherd sets
+// 1 by itself on Galera (store.Open): every read waits until the node has applied what
+// the cluster committed before it; -ha-sync-wait 0 measures what happens without.
+func (r *run) withSyncWait(dsn string) string {
+	if r.cfg.HASyncWait < 0 {
+		return dsn
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return dsn
+	}
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["wsrep_sync_wait"] = fmt.Sprint(r.cfg.HASyncWait)
+	return cfg.FormatDSN()
 }
 
 // haChaosContext ends when Duration has passed and the kill sequence is over, plus
@@ -609,6 +652,11 @@ func (r *run) haSummary(ctx context.Context) string {
 	mode := "single writer (HAProxy, one writer + 2 backups, primary-aware check)"
 	if r.cfg.HA == "multi" {
 		mode = "MULTI-WRITER (replica i writes through node i directly)"
+	}
+	if r.cfg.HASyncWait >= 0 {
+		mode += fmt.Sprintf(", wsrep_sync_wait=%d in batcherd's DSN", r.cfg.HASyncWait)
+	} else {
+		mode += ", wsrep_sync_wait=1 (batcherd's own default on Galera)"
 	}
 	p("")
 	p("=== HA: Galera, %d nodes, %s ===", len(r.gal.Nodes), mode)
