@@ -54,8 +54,9 @@ var (
 	// connection". Re-read by key and version before retrying.
 	ErrCommitUnknown = errors.New("commit outcome unknown: connection lost during COMMIT")
 	// ErrNotPrimary: the database node is not in the primary component of its Galera
-	// cluster (1047, or 1180 at COMMIT): it refuses reads and writes until it rejoins.
-	// Retry: behind a primary-aware proxy the next connection reaches a node that is.
+	// cluster (1047, or 1180 at COMMIT): it refuses reads and writes until it rejoins;
+	// or the server is read-only (1290: not the primary). Retry: behind a primary-aware
+	// proxy the next connection reaches a node that is.
 	ErrNotPrimary = errors.New("database node not in the primary component")
 	// ErrUnavailable: the connection to the database broke before COMMIT (a server or
 	// node killed, a failover, a proxy that cut it); the server rolled the transaction
@@ -99,6 +100,11 @@ const (
 	// 1180 (ER_ERROR_DURING_COMMIT) to a commit in flight when it lost the component.
 	errNotPrimaryCom     = 1047
 	errErrorDuringCommit = 1180
+	// A server that refuses writes because it is read-only (1290,
+	// ER_OPTION_PREVENTS_STATEMENT): a former primary fenced after a failover, or a
+	// replica a stale DNS name or proxy still points at. Not measured here (no MySQL
+	// or semi-sync setup on these machines); read like 1047: not the writer, retry.
+	errReadOnly = 1290
 )
 
 // storeErrors counts MySQL errors by number; registered by Collectors.
@@ -388,7 +394,7 @@ func translate(err error) error {
 			return fmt.Errorf("%w: %s", ErrDuplicate, me.Message)
 		case errLockDeadlock, errRecordChangedRR, errLockWaitTimeout:
 			return fmt.Errorf("%w (mysql %d: %s)", ErrLostRace, me.Number, me.Message)
-		case errNotPrimaryCom, errErrorDuringCommit:
+		case errNotPrimaryCom, errErrorDuringCommit, errReadOnly:
 			return fmt.Errorf("%w (mysql %d: %s)", ErrNotPrimary, me.Number, me.Message)
 		}
 		return err

@@ -130,9 +130,12 @@ func (r *run) startGalera(ctx context.Context, _ func(string, ...any)) error {
 // without wsrep_sync_wait gets its READ bit (reads wait for what the cluster has
 // committed), one that names it keeps its value.
 func (r *run) checkSyncWait(ctx context.Context) {
+	cfg, _ := mysql.ParseDSN(r.gal.Nodes[0].DSN())
+	cfg.DBName = "mysql" // any database: batcherd's does not exist yet
+	base := cfg.FormatDSN()
 	for _, c := range []struct{ dsn, want string }{
-		{r.gal.Nodes[0].DSN(), "1"},
-		{r.gal.Nodes[0].DSN() + "?wsrep_sync_wait=0", "0"},
+		{base, "1"},
+		{base + "?wsrep_sync_wait=0", "0"},
 	} {
 		st, err := store.Open(ctx, c.dsn, store.Options{MaxOpenConns: 1})
 		if err != nil {
@@ -141,7 +144,7 @@ func (r *run) checkSyncWait(ctx context.Context) {
 		}
 		var got string
 		if err := st.DB().QueryRowContext(ctx, "SELECT @@SESSION.wsrep_sync_wait").Scan(&got); err != nil || got != c.want {
-			r.violation("HA: store on a Galera node (DSN %s): wsrep_sync_wait = %q (%v), want %s", strings.TrimPrefix(c.dsn, r.gal.Nodes[0].DSN()), got, err, c.want)
+			r.violation("HA: store on a Galera node (DSN %s): wsrep_sync_wait = %q (%v), want %s", strings.TrimPrefix(c.dsn, base), got, err, c.want)
 		}
 		st.Close()
 	}
