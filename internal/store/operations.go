@@ -420,7 +420,7 @@ func (s *Store) OperationApprove(ctx context.Context, operationID string) (Opera
 // ErrNotFound when unknown.
 func (s *Store) OperationApproveBy(ctx context.Context, operationID, actor string, fourEyes bool) (Operation, error) {
 	var out Operation
-	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
+	err := s.withTxRetry(ctx, opIso, func(tx *sqlx.Tx) error {
 		op, b, err := lockOperationAndBinding(ctx, tx, operationID)
 		if err != nil {
 			return err
@@ -471,7 +471,7 @@ func (s *Store) OperationReject(ctx context.Context, operationID string) (Operat
 // operation: four eyes guards granting, not declining.
 func (s *Store) OperationRejectBy(ctx context.Context, operationID, actor string) (Operation, error) {
 	var out Operation
-	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
+	err := s.withTxRetry(ctx, opIso, func(tx *sqlx.Tx) error {
 		op, b, err := lockOperationAndBinding(ctx, tx, operationID)
 		if err != nil {
 			return err
@@ -516,7 +516,7 @@ func (s *Store) OperationRetry(ctx context.Context, operationID string) (Operati
 // longer owns its binding.
 func (s *Store) OperationRetryBy(ctx context.Context, operationID, actor string) (Operation, error) {
 	var out Operation
-	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
+	err := s.withTxRetry(ctx, opIso, func(tx *sqlx.Tx) error {
 		op, b, err := lockOperationAndBinding(ctx, tx, operationID)
 		if err != nil {
 			return err

@@ -87,6 +87,12 @@ var (
 // it turns it into its answer; it is never a failure and is not counted as one.
 var errRollback = errors.New("store: rolled back by choice")
 
+// errTxAborted marks the ErrLostRace of a transaction the server aborted (1213): a
+// deadlock victim, or on Galera a transaction a replicated write set or a view change
+// (the node leaving the primary component) aborted — not a guard that lost to a
+// change it can see.
+var errTxAborted = errors.New("aborted by the server")
+
 // MySQL server error numbers the store interprets.
 const (
 	errDupEntry         = 1062
@@ -360,6 +366,22 @@ func commitError(ctx context.Context, err error) error {
 	return translate(txDone(ctx, err))
 }
 
+// withTxRetry is withTx for a transaction whose fn can run again from the start (it
+// keeps nothing from a run but what it assigns): one the server aborted is run again,
+// up to three times, before its ErrLostRace is the answer. A decision on an operation
+// locks the rows it reads, so a real concurrent change shows on the next run as the
+// state it left (ErrStale, or the same decision already made); measured on Galera,
+// approvals in flight when the node left the primary component were aborted with 1213
+// and answered 409 stale although nothing had changed them.
+func (s *Store) withTxRetry(ctx context.Context, iso sql.IsolationLevel, fn func(tx *sqlx.Tx) error) error {
+	for attempt := 1; ; attempt++ {
+		err := s.withTx(ctx, iso, fn)
+		if err == nil || !errors.Is(err, errTxAborted) || attempt == 3 || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
 // txDone reports sql.ErrTxDone as the context's error once the context has ended.
 // database/sql rolls a transaction back by itself when its context is cancelled, so a
 // cancel that lands after the last statement makes Commit answer ErrTxDone: the
@@ -392,7 +414,9 @@ func translate(err error) error {
 		switch me.Number {
 		case errDupEntry:
 			return fmt.Errorf("%w: %s", ErrDuplicate, me.Message)
-		case errLockDeadlock, errRecordChangedRR, errLockWaitTimeout:
+		case errLockDeadlock:
+			return fmt.Errorf("%w (%w: mysql %d: %s)", ErrLostRace, errTxAborted, me.Number, me.Message)
+		case errRecordChangedRR, errLockWaitTimeout:
 			return fmt.Errorf("%w (mysql %d: %s)", ErrLostRace, me.Number, me.Message)
 		case errNotPrimaryCom, errErrorDuringCommit, errReadOnly:
 			return fmt.Errorf("%w (mysql %d: %s)", ErrNotPrimary, me.Number, me.Message)

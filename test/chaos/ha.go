@@ -552,26 +552,27 @@ func readyMessage(body []byte) string {
 }
 
 // armClaim finds the moment a claim transaction is open on the writer: it locks the
-// oldest waiting row of the queue (READ COMMITTED, that row only; admissions go on)
-// on the writer node itself, and waits until a claim's guarded UPDATE waits for it —
+// oldest waiting row of each repository (READ COMMITTED, those rows only; admissions
+// go on) on the writer node itself, and waits until a claim's guarded UPDATE waits for
+// one —
 // the claim has inserted its slot row and read its members, and has not committed.
 // The node is then killed with that transaction open. release ends the lock (on a
 // dead node, only the pool).
 func (r *run) armClaim(ctx context.Context, w *harness.GaleraNode) (string, func(), error) {
 	return r.armLock(ctx, w, "claim",
-		"SELECT id FROM `%s`.merge_batch_request WHERE batch_id IS NULL ORDER BY id LIMIT 1",
-		"SELECT id FROM `%s`.merge_batch_request WHERE id = ? AND batch_id IS NULL FOR UPDATE",
+		"SELECT MIN(id) FROM `%s`.merge_batch_request WHERE batch_id IS NULL GROUP BY repo",
+		"SELECT id FROM `%s`.merge_batch_request WHERE id IN (%s) AND batch_id IS NULL FOR UPDATE",
 		`UPDATE merge\_batch\_request SET batch\_id%`)
 }
 
-// armSettlement is armClaim for a settlement: it locks an in_batch operation of a
+// armSettlement is armClaim for a settlement: it locks one in_batch operation of each
 // running batch whose MR is open, and waits until a settlement (success or failure)
 // waits for it — the settlement has already moved the batch row and has not
 // committed.
 func (r *run) armSettlement(ctx context.Context, w *harness.GaleraNode) (string, func(), error) {
 	return r.armLock(ctx, w, "settlement",
-		"SELECT o.id FROM `%[1]s`.operation o JOIN `%[1]s`.merge_batch b ON b.id = o.batch_id WHERE o.status = 'in_batch' AND b.status = 1 AND b.mr_iid IS NOT NULL ORDER BY b.id LIMIT 1",
-		"SELECT id FROM `%s`.operation WHERE id = ? AND status = 'in_batch' FOR UPDATE",
+		"SELECT MIN(o.id) FROM `%[1]s`.operation o JOIN `%[1]s`.merge_batch b ON b.id = o.batch_id WHERE o.status = 'in_batch' AND b.status = 1 AND b.mr_iid IS NOT NULL GROUP BY b.id",
+		"SELECT id FROM `%s`.operation WHERE id IN (%s) AND status = 'in_batch' FOR UPDATE",
 		`SELECT operation\_id, action, subject, target FROM operation%FOR UPDATE`)
 }
 
@@ -584,8 +585,18 @@ func (r *run) armLock(ctx context.Context, w *harness.GaleraNode, what, pickQ, l
 	release := func() { db.Close() }
 	deadline := time.Now().Add(90 * time.Second)
 	for attempt := 0; time.Now().Before(deadline) && ctx.Err() == nil; attempt++ {
-		var id int64
-		if err := db.QueryRowContext(ctx, fmt.Sprintf(pickQ, r.c.DBName)).Scan(&id); err != nil {
+		var ids []string
+		rows, err := db.QueryContext(ctx, fmt.Sprintf(pickQ, r.c.DBName))
+		if err == nil {
+			for rows.Next() {
+				var id int64
+				if rows.Scan(&id) == nil {
+					ids = append(ids, fmt.Sprint(id))
+				}
+			}
+			rows.Close()
+		}
+		if len(ids) == 0 {
 			sleep(ctx, 20*time.Millisecond)
 			continue
 		}
@@ -594,13 +605,20 @@ func (r *run) armLock(ctx context.Context, w *harness.GaleraNode, what, pickQ, l
 			sleep(ctx, 100*time.Millisecond)
 			continue
 		}
-		var got int64
-		if err := tx.QueryRowContext(ctx, fmt.Sprintf(lockQ, r.c.DBName), id).Scan(&got); err != nil {
+		locked, err := tx.QueryContext(ctx, fmt.Sprintf(lockQ, r.c.DBName, strings.Join(ids, ",")))
+		n := 0
+		if err == nil {
+			for locked.Next() {
+				n++
+			}
+			locked.Close()
+		}
+		if n == 0 {
 			_ = tx.Rollback()
 			continue
 		}
-		// Wait a while for a transaction of batcherd's to queue behind the lock.
-		until := time.Now().Add(4 * time.Second)
+		// Wait a while for a transaction of batcherd's to queue behind a lock.
+		until := time.Now().Add(6 * time.Second)
 		for time.Now().Before(until) && ctx.Err() == nil {
 			var q string
 			var modified int64
