@@ -206,7 +206,7 @@ func (r *run) check(ctx context.Context) {
 				r.violation("key %s: the same request answered 422 %s", key, a.code)
 			}
 			if a.status >= 400 && a.status < 500 && !k.firstOK.IsZero() && a.sent.After(k.firstOK) {
-				r.violation("key %s: request sent after the key answered %s was refused %d %s: %s", key, k.opID, a.status, a.code, a.err)
+				r.violation("key %s: request sent after the key answered %s was refused %d %s: %s (answers: %s)", key, k.opID, a.status, a.code, a.err, r.answerTrail(k))
 			}
 		}
 		if len(ids) > 1 {
@@ -506,4 +506,19 @@ func describe(m map[string]int) string {
 		return "none"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// answerTrail lists a key's answers with the run time each was sent and answered.
+func (r *run) answerTrail(k *keyRec) string {
+	var parts []string
+	for _, a := range k.answers {
+		what := fmt.Sprintf("%d %s", a.status, a.code)
+		if a.status/100 == 2 {
+			what = fmt.Sprintf("%d %s", a.status, a.opID)
+		} else if a.status == 0 {
+			what = "no answer: " + a.err
+		}
+		parts = append(parts, fmt.Sprintf("sent +%.2fs answered +%.2fs %s", a.sent.Sub(r.start).Seconds(), a.recv.Sub(r.start).Seconds(), what))
+	}
+	return strings.Join(parts, "; ")
 }
