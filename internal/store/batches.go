@@ -332,6 +332,21 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 	if max < 1 {
 		return ClaimResult{}, fmt.Errorf("store: BatchClaim max must be at least 1, got %d", max)
 	}
+	// A follow-up round looks first, lock-free, whether its repository's first waiting
+	// row is one it takes (a group's, or urgent): the replica that settles calls it after
+	// every batch, and most of the time the answer is no. Asking the transaction instead
+	// would insert and roll back a slot row each time (an auto-increment id burnt, and a
+	// slot row a concurrent claimant meets). A row that qualifies right after this read
+	// waits for the next round as before.
+	if groupsOnly {
+		due, err := s.followUpDue(ctx, repo)
+		if err != nil {
+			return ClaimResult{}, err
+		}
+		if !due {
+			return ClaimResult{Outcome: ClaimNothingToClaim}, nil
+		}
+	}
 	// The installation id names the batch's branch (cached after the first read, so
 	// this is no extra statement per claim).
 	inst, err := s.Installation(ctx)
@@ -445,6 +460,23 @@ func claimAnswer(res ClaimResult, err error, slotTaken bool) (ClaimResult, error
 		return ClaimResult{Outcome: ClaimSlotOccupied}, nil
 	}
 	return ClaimResult{}, err
+}
+
+// followUpDue reports, from one plain read outside any transaction, whether the first
+// waiting row of repo (qClaimHead) is in a retry or bisection group or urgent.
+func (s *Store) followUpDue(ctx context.Context, repo string) (bool, error) {
+	var head struct {
+		Grp  string `db:"grp"`
+		Lane int    `db:"lane"`
+	}
+	err := s.db.GetContext(ctx, &head, qClaimHead, repo)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, translate(err)
+	}
+	return head.Grp != "" || head.Lane == laneOf(PriorityUrgent), nil
 }
 
 // readClaimGroup reads the claim group of the first waiting row of repo in queue order
