@@ -174,18 +174,18 @@ func AdmissionParams(repo, subject string) store.OperationCreateParams {
 }
 
 // StoreAdmission measures OperationCreate on st in the given mode.
-func StoreAdmission(ctx context.Context, st *store.Store, mode store.AdmitMode, clients int, dur time.Duration) Result {
-	return StoreAdmissionWith(ctx, st, store.AdmitOptions{Mode: mode}, clients, dur)
+func StoreAdmission(ctx context.Context, st *store.Store, mode AdmitMode, clients int, dur time.Duration) Result {
+	return StoreAdmissionWith(ctx, st, mode, mode.Options(clients), clients, dur)
 }
 
-// StoreAdmissionWith measures OperationCreate on st with the given admission options.
-func StoreAdmissionWith(ctx context.Context, st *store.Store, o store.AdmitOptions, clients int, dur time.Duration) Result {
-	mode := o.Mode
+// StoreAdmissionWith measures admission in the given mode on st with the given
+// admission options.
+func StoreAdmissionWith(ctx context.Context, st *store.Store, mode AdmitMode, o store.AdmitOptions, clients int, dur time.Duration) Result {
 	st.SetAdmitOptions(o)
 	run := uuid.NewString()[:8]
 	before := st.AdmitStats()
 	r := closedLoop(ctx, clients, dur, func(ctx context.Context, w, i int) error {
-		_, created, err := st.OperationCreate(ctx, AdmissionParams("bench/store", fmt.Sprintf("st-%s-%d-%d", run, w, i)))
+		_, created, err := mode.Create(ctx, st, AdmissionParams("bench/store", fmt.Sprintf("st-%s-%d-%d", run, w, i)))
 		if err == nil && !created {
 			err = errors.New("not created")
 		}
@@ -222,7 +222,7 @@ type APIServer struct {
 }
 
 // NewAPIServer serves the API (auto-approve on, one repository per name in repos).
-func NewAPIServer(st *store.Store, repos ...string) (*APIServer, error) {
+func NewAPIServer(st api.Store, repos ...string) (*APIServer, error) {
 	h, err := api.New(api.Config{APITokens: []string{"bench-token"}, Repos: repos, AutoApprove: true},
 		api.Deps{Store: st, Registry: prometheus.NewRegistry()})
 	if err != nil {
@@ -274,9 +274,8 @@ func (c *APIClient) Admit(ctx context.Context, repo, subject string) (int, error
 
 // APIAdmission measures POST /v1/operations through a loopback HTTP server whose store
 // admits in the given mode.
-func APIAdmission(ctx context.Context, st *store.Store, mode store.AdmitMode, clients int, dur time.Duration) (Result, error) {
-	st.SetAdmitOptions(store.AdmitOptions{Mode: mode})
-	srv, err := NewAPIServer(st, "bench/api")
+func APIAdmission(ctx context.Context, st *store.Store, mode AdmitMode, clients int, dur time.Duration) (Result, error) {
+	srv, err := NewAPIServer(mode.Use(st, clients), "bench/api")
 	if err != nil {
 		return Result{}, err
 	}

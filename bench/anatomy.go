@@ -106,7 +106,7 @@ func AdmissionAnatomy(ctx context.Context, d *DB, st *store.Store, n, reps int) 
 		if err := d.Reset(ctx); err != nil {
 			return nil, err
 		}
-		st.SetAdmitOptions(store.AdmitOptions{Mode: store.AdmitSingle})
+		st.SetAdmitOptions(AdmitSingle.Options(1))
 		t0 := time.Now()
 		for k := 0; k < n; k++ {
 			if _, _, err := st.OperationCreate(ctx, AdmissionParams("bench/anatomy", fmt.Sprintf("an-%s-%d-st-%d", run, rep, k))); err != nil {

@@ -18,7 +18,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/batcherd/batcherd/internal/store"
 )
 
 func benchDB(b *testing.B, what string) *DB {
@@ -92,13 +91,13 @@ func BenchmarkAdmissionStore(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	for _, m := range []store.AdmitMode{store.AdmitSerial, store.AdmitSingle, store.AdmitGrouped} {
+	for _, m := range []AdmitMode{AdmitSerial, AdmitSingle, AdmitGrouped} {
 		for _, c := range benchClients {
 			b.Run(fmt.Sprintf("mode=%s/clients=%d", m, c), func(b *testing.B) {
-				st.SetAdmitOptions(store.AdmitOptions{Mode: m})
+				st.SetAdmitOptions(m.Options(c))
 				run := uuid.NewString()[:8]
 				parallel(b, c, func(ctx context.Context, w, i int) error {
-					_, _, err := st.OperationCreate(ctx, AdmissionParams("bench/store", fmt.Sprintf("gb-%s-%d", run, i)))
+					_, _, err := m.Create(ctx, st, AdmissionParams("bench/store", fmt.Sprintf("gb-%s-%d", run, i)))
 					return err
 				})
 			})
@@ -114,15 +113,14 @@ func BenchmarkAdmissionAPI(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	srv, err := NewAPIServer(st, "bench/api")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer srv.Close()
-	for _, m := range []store.AdmitMode{store.AdmitSerial, store.AdmitGrouped} {
+	for _, m := range []AdmitMode{AdmitSerial, AdmitGrouped} {
 		for _, c := range benchClients {
 			b.Run(fmt.Sprintf("mode=%s/clients=%d", m, c), func(b *testing.B) {
-				st.SetAdmitOptions(store.AdmitOptions{Mode: m})
+				srv, err := NewAPIServer(m.Use(st, c), "bench/api")
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer srv.Close()
 				cl := NewAPIClient(srv.URL, srv.Token, c)
 				defer cl.Close()
 				run := uuid.NewString()[:8]

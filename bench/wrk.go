@@ -56,7 +56,7 @@ var wrkResult = regexp.MustCompile(`RESULT requests=(\d+) duration_us=(\d+) p50_
 // and every admission answered must be in the database.
 func APIAdmissionWrk(ctx context.Context, st *store.Store, clients int, dur time.Duration) (Result, error) {
 	const repo = "bench/api"
-	st.SetAdmitOptions(store.AdmitOptions{Mode: store.AdmitGrouped})
+	st.SetAdmitOptions(AdmitGrouped.Options(clients))
 	srv, err := NewAPIServer(st, repo)
 	if err != nil {
 		return Result{}, err

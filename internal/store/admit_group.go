@@ -24,7 +24,7 @@ package store
 //
 // Correctness never depends on this path. Whatever the group cannot answer exactly is
 // handed back to the caller, which then runs the per-request transaction
-// (operationCreateSerial, the original, proven path) after the group has finished:
+// (OperationCreateSerial, the original, proven path) after the group has finished:
 //
 //   - a request whose idempotency key or (subject, target) already appeared earlier in
 //     the same group (its answer depends on the earlier one's outcome: running it after
@@ -507,7 +507,7 @@ func admitReadResult(rows []admitReadRow) (now time.Time, bindings map[relKey]gr
 	return
 }
 
-// decideAdmission is the per-request decision of operationCreateSerial, on the
+// decideAdmission is the per-request decision of OperationCreateSerial, on the
 // group's read: the same checks in the same order, the same errors.
 func decideAdmission(p OperationCreateParams, now time.Time, b groupBinding) (accepted, error) {
 	x := accepted{b: b, repo: p.Repo, status: OpPendingApproval}

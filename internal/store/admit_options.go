@@ -3,43 +3,18 @@ package store
 import (
 	"context"
 	"fmt"
-	"runtime"
-	"sync"
 	"time"
-	"weak"
 )
-
-// AdmitMode selects how OperationCreate runs its transaction.
-type AdmitMode int8
-
-const (
-	// AdmitGrouped (the default) coalesces concurrent admissions of this Store into
-	// group transactions (admit_group.go). Every caller still gets its own exact answer.
-	AdmitGrouped AdmitMode = iota
-	// AdmitSingle runs the group transaction for each request alone (no coalescing):
-	// the statement-level savings without group commit. For measurements.
-	AdmitSingle
-	// AdmitSerial runs the original per-request transaction (operationCreateSerial)
-	// for every request. For measurements and as the reference the tests compare with.
-	AdmitSerial
-)
-
-// String names the mode in reports.
-func (m AdmitMode) String() string {
-	switch m {
-	case AdmitGrouped:
-		return "grouped"
-	case AdmitSingle:
-		return "single"
-	case AdmitSerial:
-		return "serial"
-	}
-	return "unknown"
-}
 
 // AdmitOptions tunes admission. Zero values take the defaults.
+//
+// There is one admission path: concurrent admissions of one Store coalesce into group
+// transactions (admit_group.go), each caller getting its own exact answer, and what a
+// group cannot answer exactly runs through the per-request transaction
+// (OperationCreateSerial). The options only size and pace the groups; MaxGroup 1 with
+// MaxInflight at the number of callers runs each request alone through the group code
+// (what bench measures as "single").
 type AdmitOptions struct {
-	Mode AdmitMode
 	// MaxGroup is the most requests one group transaction takes [64].
 	MaxGroup int
 	// MaxInflight is the most group transactions in flight at once [2]. While they
@@ -83,22 +58,11 @@ type AdmitStats struct {
 	MaxGroup                     int64 // largest group
 }
 
-// admitters maps a Store to its admission queue without keeping the Store alive (the
-// Store type is shared with other files; the queue lives here). An entry is removed
-// when its Store is collected.
-var admitters sync.Map // weak.Pointer[Store] → *admitter
-
+// admitter returns this Store's admission queue, made on first use (a Store made by
+// Open has one at once; the lazy path keeps a zero Store usable in tests).
 func (s *Store) admitter() *admitter {
-	wp := weak.Make(s)
-	if a, ok := admitters.Load(wp); ok {
-		return a.(*admitter)
-	}
-	a := &admitter{opts: AdmitOptions{}.withDefaults()}
-	got, loaded := admitters.LoadOrStore(wp, a)
-	if !loaded {
-		runtime.AddCleanup(s, func(k weak.Pointer[Store]) { admitters.Delete(k) }, wp)
-	}
-	return got.(*admitter)
+	s.admitOnce.Do(func() { s.admit = &admitter{opts: AdmitOptions{}.withDefaults()} })
+	return s.admit
 }
 
 // SetAdmitOptions changes how this Store admits operations (benchmarks, tests). Safe to
@@ -120,32 +84,26 @@ func (s *Store) AdmitStats() AdmitStats {
 	}
 }
 
-// admit runs one OperationCreate through the configured mode.
-func (s *Store) admit(ctx context.Context, p OperationCreateParams) (Operation, bool, error) {
+// admitGrouped runs one OperationCreate through the group path.
+func (s *Store) admitGrouped(ctx context.Context, p OperationCreateParams) (Operation, bool, error) {
 	if err := p.checkStorable(); err != nil {
 		return Operation{}, false, err
 	}
 	a := s.admitter()
-	a.mu.Lock()
-	mode := a.opts.Mode
-	a.mu.Unlock()
 	// Urgent applications are few and must not wait for a group: the per-request path
 	// writes their priority (the group's multi-row writes carry normal ones only).
-	if mode == AdmitSerial || (p.Priority != "" && p.Priority != PriorityNormal) {
-		return s.operationCreateSerial(ctx, p)
+	if p.Priority != "" && p.Priority != PriorityNormal {
+		return s.OperationCreateSerial(ctx, p)
 	}
 	if err := ctx.Err(); err != nil {
 		return Operation{}, false, err
 	}
 	r := &admitReq{p: p, done: make(chan struct{})}
-	if mode == AdmitSingle {
-		r.state.Store(1)
-		s.runAdmitGroup(a, []*admitReq{r})
-	} else if !a.submit(ctx, s, r) {
+	if !a.submit(ctx, s, r) {
 		return Operation{}, false, ctx.Err()
 	}
 	if r.outcome == admitSerial {
-		return s.operationCreateSerial(ctx, p)
+		return s.OperationCreateSerial(ctx, p)
 	}
 	if r.err != nil {
 		return Operation{}, false, r.err

@@ -121,8 +121,8 @@ var errIdemSeen = errors.New("idempotency key already stored")
 //
 // Concurrent calls on one Store are coalesced into group transactions (group commit,
 // admit_group.go); each caller gets the answer its own transaction would have given,
-// and whatever a group cannot answer exactly runs through operationCreateSerial.
-// SetAdmitOptions selects another mode for measurements.
+// and whatever a group cannot answer exactly runs through OperationCreateSerial.
+// SetAdmitOptions sizes and paces the groups; there is no other mode.
 //
 // When the COMMIT's answer was lost (ErrCommitUnknown) and the request carries an
 // Idempotency-Key, the key is read again before anything else: found, the operation it
@@ -132,7 +132,7 @@ var errIdemSeen = errors.New("idempotency key already stored")
 // ErrCommitUnknown; a retry cannot make a second operation, since the first one holds
 // the binding (ErrBindingBusy).
 func (s *Store) OperationCreate(ctx context.Context, p OperationCreateParams) (op Operation, created bool, err error) {
-	op, created, err = s.admit(ctx, p)
+	op, created, err = s.admitGrouped(ctx, p)
 	if errors.Is(err, ErrCommitUnknown) && p.IdempotencyKey != "" {
 		if o, rerr := s.idempotencyAnswer(ctx, p.RequestedBy, p.IdempotencyKey, p.Fingerprint); rerr == nil {
 			return o, false, nil
@@ -141,10 +141,11 @@ func (s *Store) OperationCreate(ctx context.Context, p OperationCreateParams) (o
 	return op, created, err
 }
 
-// operationCreateSerial is the per-request admission: one transaction for one request,
-// retried a few times when it lost a race. It is the reference the group path is held
-// to and its fallback.
-func (s *Store) operationCreateSerial(ctx context.Context, p OperationCreateParams) (op Operation, created bool, err error) {
+// OperationCreateSerial is the per-request admission: one transaction for one request,
+// retried a few times when it lost a race. It is the group path's fallback and the
+// reference it is held to, exported so that tests compare with it and bench measures
+// it; callers admit through OperationCreate.
+func (s *Store) OperationCreateSerial(ctx context.Context, p OperationCreateParams) (op Operation, created bool, err error) {
 	// A few rounds, because losing is answered best by looking again: a concurrent
 	// application of the same relation that won makes the next round report the
 	// binding's real state (busy, active); a transaction holding our idempotency key

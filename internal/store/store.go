@@ -29,6 +29,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -138,6 +139,10 @@ type Store struct {
 	// noWait: whether the claim's slot INSERT may refuse to wait for locks (0 not
 	// probed yet, 1 yes, 2 no; batches.go, takeSlot).
 	noWait atomic.Int32
+
+	// admit is this Store's admission queue (admit_group.go), made once by admitter.
+	admitOnce sync.Once
+	admit     *admitter
 
 	// inst caches the installation id (installation.go).
 	inst installationCache

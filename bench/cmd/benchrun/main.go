@@ -215,15 +215,15 @@ func throughputOn(ctx context.Context, r *report, d *bench.DB, st *store.Store) 
 					total -= total % c
 					res, err = bench.Slap(ctx, d, c, total)
 				case "store-serial":
-					res = bench.StoreAdmission(ctx, st, store.AdmitSerial, c, r.cfg.dur)
+					res = bench.StoreAdmission(ctx, st, bench.AdmitSerial, c, r.cfg.dur)
 				case "store-single":
-					res = bench.StoreAdmission(ctx, st, store.AdmitSingle, c, r.cfg.dur)
+					res = bench.StoreAdmission(ctx, st, bench.AdmitSingle, c, r.cfg.dur)
 				case "store-grouped":
-					res = bench.StoreAdmission(ctx, st, store.AdmitGrouped, c, r.cfg.dur)
+					res = bench.StoreAdmission(ctx, st, bench.AdmitGrouped, c, r.cfg.dur)
 				case "api-serial":
-					res, err = bench.APIAdmission(ctx, st, store.AdmitSerial, c, r.cfg.dur)
+					res, err = bench.APIAdmission(ctx, st, bench.AdmitSerial, c, r.cfg.dur)
 				case "api-grouped":
-					res, err = bench.APIAdmission(ctx, st, store.AdmitGrouped, c, r.cfg.dur)
+					res, err = bench.APIAdmission(ctx, st, bench.AdmitGrouped, c, r.cfg.dur)
 				case "api-wrk":
 					res, err = bench.APIAdmissionWrk(ctx, st, c, r.cfg.dur)
 				}
@@ -260,7 +260,7 @@ func profile(ctx context.Context, r *report) error {
 }
 
 func profileOn(ctx context.Context, r *report, st *store.Store) error {
-	for _, m := range []store.AdmitMode{store.AdmitSerial, store.AdmitGrouped} {
+	for _, m := range []bench.AdmitMode{bench.AdmitSerial, bench.AdmitGrouped} {
 		f, err := os.CreateTemp("", "batcherd-admission-*.pprof")
 		if err != nil {
 			return err

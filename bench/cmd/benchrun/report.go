@@ -11,7 +11,7 @@ import (
 )
 
 type profileOut struct {
-	mode store.AdmitMode
+	mode bench.AdmitMode
 	res  bench.Result
 	top  string
 }
@@ -542,7 +542,7 @@ func (r *report) methodSection(w func(string, ...any)) {
 		"every admission it counted must be in the database. The store's pool is 20 connections, the default of " +
 		"`BATCHERD_MYSQL_MAX_CONNS`; the raw Go loop gets one connection per client.\n")
 	w("- Latencies are per request, nearest-rank percentiles.\n")
-	w("- Admission modes (`store.SetAdmitOptions`): `AdmitSerial` is the per-request transaction admission used before " +
+	w("- Admission modes (`bench.AdmitMode`; the store has one, `AdmitGrouped`): `AdmitSerial` is the per-request transaction admission used before " +
 		"this work (and still the fallback of the group path); `AdmitSingle` runs each request alone through the group " +
 		"code (fewer round trips, no coalescing); `AdmitGrouped`, the default, coalesces concurrent admissions.\n")
 }
