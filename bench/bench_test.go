@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-
 )
 
 func benchDB(b *testing.B, what string) *DB {

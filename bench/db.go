@@ -1,5 +1,5 @@
 // Package bench measures batcherd against the database's own limits and against the
-// alternatives (DESIGN §7, issue 8): admission throughput and latency, claim and
+// alternatives (issue 8; docs/ARCHITECTURE.md, "Database facts"): admission throughput and latency, claim and
 // settlement cost, slot contention and an end-to-end run. The measurements are plain
 // functions so that both the Go benchmarks (bench_test.go, `go test -bench`) and the
 // driver program (cmd/benchrun, `make bench`, which writes BENCHMARKS.md) run them.

@@ -1,4 +1,4 @@
-// Package api is batcherd's HTTP API (DESIGN §6, a contract: other systems and an
+// Package api is batcherd's HTTP API (a contract, README "HTTP API" and api/openapi.yaml: other systems and an
 // independent client call it exactly as documented in api/openapi.yaml).
 //
 // Everything here is a thin layer over the store: handlers validate input, call one
@@ -201,7 +201,7 @@ func (s *Server) routeTable() []route {
 		{"GET", "/v1/operations/{id}", authAPI, s.handleGetOperation},
 		{"POST", "/v1/operations/{id}/approve", authAPI, s.handleApprove},
 		{"POST", "/v1/operations/{id}/reject", authAPI, s.handleReject},
-		// Retry takes an API token, as DESIGN §6 puts admin-only routes under /v1/admin/*
+		// Retry takes an API token, as the contract puts admin-only routes under /v1/admin/*
 		// and retry is not one of them. It grants nothing an API token cannot already
 		// do (approve): it re-queues an operation that was approved and then failed.
 		{"POST", "/v1/operations/{id}/retry", authAPI, s.handleRetry},

@@ -25,7 +25,7 @@ import (
 	"github.com/batcherd/batcherd/internal/config"
 )
 
-// The HTTP contract of `batcherd serve` (DESIGN.md §6; the listener default is
+// The HTTP contract of `batcherd serve` (README "HTTP API"; the listener default is
 // BATCHERD_HTTP_ADDR in internal/config). Changing any of these means changing the
 // probes, the Service, the Dockerfile EXPOSE and the docs together.
 const (

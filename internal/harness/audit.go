@@ -12,7 +12,7 @@ import (
 // BindingKey names a binding and the repository holding its file.
 type BindingKey struct{ Repo, Subject, Target string }
 
-// BindingPath is the repository file of a binding (DESIGN §5, a contract).
+// BindingPath is the repository file of a binding (a contract: README, "Files written to the repository").
 func BindingPath(subject, target string) string {
 	return "bindings/" + url.PathEscape(target) + "/" + url.PathEscape(subject) + ".yaml"
 }

@@ -16,7 +16,7 @@
 //
 // A Replica can then be killed (SIGKILL to its process group), stopped (SIGTERM,
 // graceful), restarted on the same address, and scraped (/metrics). Client speaks
-// the HTTP API of DESIGN §6 (round-robin over live replicas, failing over on
+// the HTTP API (internal/wire) (round-robin over live replicas, failing over on
 // connection errors, which is safe because every call it makes is idempotent:
 // admission with an Idempotency-Key, approve, reads, rounds). SimClient reads and
 // drives the simulator through its control API (/-/sim/...). Audit checks the end

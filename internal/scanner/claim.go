@@ -72,7 +72,7 @@ func (l *claimLoop) claimRepo(ctx context.Context, repo string) (store.ClaimResu
 	}
 	res, err := l.s.st.BatchClaim(ctx, repo, l.cfg.maxBatch)
 	if isLost(err) {
-		// A deadlock or lock-wait victim while racing for the slot (DESIGN §7) means
+		// A deadlock or lock-wait victim while racing for the slot (docs/ARCHITECTURE.md, "Database facts") means
 		// someone else holds or takes it: occupied, try next round.
 		res, err = store.ClaimResult{Outcome: store.ClaimSlotOccupied}, nil
 	}

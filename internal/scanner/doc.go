@@ -1,4 +1,4 @@
-// Package scanner runs batcherd's background loops (DESIGN §4) in every replica. The
+// Package scanner runs batcherd's background loops (docs/ARCHITECTURE.md, "The loops") in every replica. The
 // replicas never talk to each other: every loop coordinates only through the store's
 // unique active slot and guarded writes, following fetch → tryLock (seed 002): read
 // candidates without locks, take each with a guarded UPDATE that also pushes its

@@ -60,7 +60,7 @@ func TestHappyPathAutoMerge(t *testing.T) {
 		t.Errorf("%d commits made, want 1", n)
 	}
 
-	// The MR description lists the batch id and every operation id (DESIGN §5).
+	// The MR description lists the batch id and every operation id (README, "Files written to the repository").
 	desc := mrDescriptionOf(t, e, repo, *b.MRIID)
 	for _, id := range ids {
 		if !strings.Contains(desc, id) {

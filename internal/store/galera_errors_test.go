@@ -1,7 +1,7 @@
 package store
 
 // The answers a Galera cluster gives, read on purpose by the one translation place
-// (DESIGN-measured codes; the cluster itself is exercised by `make ha`).
+// (codes measured on a Galera cluster; the cluster itself is exercised by `make ha`).
 
 import (
 	"context"

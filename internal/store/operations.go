@@ -150,7 +150,7 @@ func (s *Store) OperationCreateSerial(ctx context.Context, p OperationCreatePara
 	// application of the same relation that won makes the next round report the
 	// binding's real state (busy, active); a transaction holding our idempotency key
 	// may roll back (its application was refused), and the waiters on that key can then
-	// deadlock each other on the shared locks their 1062 left (DESIGN §7).
+	// deadlock each other on the shared locks their 1062 left (docs/ARCHITECTURE.md, "Database facts").
 	for attempt := 0; ; attempt++ {
 		op, err = s.operationCreateTx(ctx, p)
 		switch {
@@ -525,7 +525,7 @@ func (s *Store) OperationRetryBy(ctx context.Context, operationID, actor string)
 		if op.Status != OpFailed {
 			return fmt.Errorf("%w: operation is %s, not failed", ErrStale, op.Status)
 		}
-		// What a failed operation left on its binding (DESIGN §3): a failed grant leaves
+		// What a failed operation left on its binding (docs/ARCHITECTURE.md, "The state machine"): a failed grant leaves
 		// it failed (no file), a failed revoke leaves it active (file still there).
 		from, to := BindingFailed, BindingPending
 		if op.Action == ActionRevoke {

@@ -1,7 +1,7 @@
 // Package store is batcherd's only door to MySQL/MariaDB. It owns the schema
 // (migrations, start-up verification) and every state transition.
 //
-// Rules every exported method follows (DESIGN §2):
+// Rules every exported method follows (docs/ARCHITECTURE.md, invariants I1–I8):
 //
 //   - One exported method is one short transaction, run through withTx. No method calls
 //     anything over the network (I7): callers do store, then GitLab, then store.
@@ -168,7 +168,7 @@ func (s *Store) Close() error { return s.db.Close() }
 
 // ParseDSN parses a plain go-sql-driver DSN and forces the options batcherd relies on,
 // whatever the user wrote: parseTime, UTC on both sides, timeouts, changed-rows
-// semantics (we bump version on every guarded write, DESIGN §7), and interpolated
+// semantics (we bump version on every guarded write; docs/ARCHITECTURE.md, "Database facts"), and interpolated
 // parameters (one round trip per statement instead of prepare+execute+close).
 func ParseDSN(dsn string, o Options) (*mysql.Config, error) {
 	cfg, err := parseDSN(dsn) // dsn.go: errors that quote no part of the DSN
@@ -441,7 +441,7 @@ func translate(err error) error {
 }
 
 // IsDuplicate reports whether err is (or wraps) a duplicate-key error. Use it inside a
-// transaction to read a 1062 as an answer; the transaction can go on (DESIGN §7).
+// transaction to read a 1062 as an answer; the transaction can go on (docs/ARCHITECTURE.md, "Database facts").
 func isDuplicate(err error) bool { return errors.Is(translate(err), ErrDuplicate) }
 
 func isConnLost(err error) bool {

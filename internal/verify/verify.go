@@ -1,5 +1,5 @@
 // Package verify audits a live batcherd database, read-only, for violations of the
-// invariants (DESIGN §2) and of the agreement between tables that the state machine
+// invariants (docs/ARCHITECTURE.md, I1–I8) and of the agreement between tables that the state machine
 // maintains. It is what `batcherd verify` runs and what the chaos run trusts.
 //
 // Every check runs inside one READ ONLY transaction WITH CONSISTENT SNAPSHOT: each

@@ -1,5 +1,5 @@
 -- +goose Up
--- batcherd schema v1. Every constraint the invariants rely on (DESIGN §2) lives here
+-- batcherd schema v1. Every constraint the invariants rely on (docs/ARCHITECTURE.md, I1–I8) lives here
 -- and is re-checked at start-up by store.CheckSchema (I8). Keep unique keys under
 -- InnoDB's 3072-byte limit: MariaDB silently turns longer ones into HASH "long unique"
 -- keys whose lookups scan the table.

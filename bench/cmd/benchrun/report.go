@@ -334,7 +334,7 @@ func (r *report) latencySection(w func(string, ...any)) {
 		"read); and the rejected design, the same statements with the waiting rows read `FOR UPDATE` under REPEATABLE READ "+
 		"(written in bench/latency.go only). Two waiting sets: **preloaded** — %s waiting rows, so each claim takes 1,000 "+
 		"of the oldest while admissions append at the end of the index; **drained** — only what the admissions add, so "+
-		"each claim takes every waiting row (the common case, and the one DESIGN §7 measured: the locking claim's next-key "+
+		"each claim takes every waiting row (the common case, and the one measured in docs/ARCHITECTURE.md, \"Database facts\": the locking claim's next-key "+
 		"locks then cover the end of the range where admissions insert).\n\n", r.cfg.latDur, count(r.cfg.latPreload))
 	for _, drain := range []bool{false, true} {
 		title := "preloaded (claims of 1,000)"

@@ -29,7 +29,7 @@ func TestVersionEndpoint(t *testing.T) {
 	}
 }
 
-// The merge endpoint as each version answers it (DESIGN's "GitLab as it really is"):
+// The merge endpoint as each version answers it (as GitLab's own source and docs describe it):
 // before 17.11 auto_merge is dropped as unknown and the sha guard comes last; from
 // 17.11 on auto_merge arms and the sha guard comes first.
 func TestMergeSemanticsByVersion(t *testing.T) {
