@@ -57,6 +57,7 @@ check_all() {
   need "go test -race needs cgo, and cgo a C compiler" gcc have "${CC:-gcc}"
   need "cgo builds against the C library's headers" "gcc libc6-dev" cc_builds
   need "promtool checks and unit-tests the alerting rules (deploy/prometheus)" prometheus have promtool
+  need "the status page's browser test drives headless Chromium (internal/ui)" chromium have chromium
   # ---- end of requirements ----
 }
 

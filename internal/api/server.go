@@ -27,6 +27,7 @@ import (
 
 	"github.com/batcherd/batcherd/internal/auth"
 	"github.com/batcherd/batcherd/internal/store"
+	"github.com/batcherd/batcherd/internal/ui"
 )
 
 // Defaults for zero Config fields.
@@ -92,6 +93,9 @@ type Deps struct {
 	// Context bounds the work the server starts in the background (the metrics' count
 	// of finished operations); end it before closing the store. Nil: never ends.
 	Context context.Context
+	// UI serves the status page's routes (internal/ui, which authenticates them itself
+	// with its session cookie); nil answers them 404.
+	UI http.Handler
 }
 
 // Server is the HTTP handler of the API, health and metrics.
@@ -114,6 +118,7 @@ type Server struct {
 	bg      context.Context // Deps.Context
 	m       *httpMetrics
 	routes  []route
+	ui      http.Handler // Deps.UI
 }
 
 type authLevel int
@@ -123,6 +128,7 @@ const (
 	authWebhook                  // X-Gitlab-Token
 	authAPI                      // API or admin bearer token
 	authAdmin                    // admin bearer token
+	authUI                       // the status page's own session (internal/ui)
 )
 
 // route is one registered method+path. The table is also what the OpenAPI test
@@ -158,7 +164,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s := &Server{
 		cfg: cfg, st: deps.Store, log: log.With("component", "api"),
 		rounds: deps.Rounds, settler: deps.Settler, schema: deps.SchemaCheck, kick: deps.Kick,
-		repos: map[string]bool{}, bg: deps.Context,
+		repos: map[string]bool{}, bg: deps.Context, ui: deps.UI,
 	}
 	if s.bg == nil {
 		s.bg = context.Background()
@@ -196,7 +202,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 }
 
 func (s *Server) routeTable() []route {
-	return []route{
+	rt := []route{
 		{"POST", "/v1/operations", authAPI, s.handleCreateOperation},
 		{"GET", "/v1/operations/{id}", authAPI, s.handleGetOperation},
 		{"POST", "/v1/operations/{id}/approve", authAPI, s.handleApprove},
@@ -223,6 +229,12 @@ func (s *Server) routeTable() []route {
 		{"GET", "/readyz", authPublic, s.handleReadyz},
 		{"GET", "/metrics", authPublic, nil}, // promhttp, set in buildMux
 	}
+	// The status page (README, "Status page"): HTML, served by internal/ui.
+	for _, p := range ui.Routes {
+		method, path, _ := strings.Cut(p, " ")
+		rt = append(rt, route{method, path, authUI, nil})
+	}
+	return rt
 }
 
 func (s *Server) buildMux(reg *prometheus.Registry) *http.ServeMux {
@@ -231,9 +243,12 @@ func (s *Server) buildMux(reg *prometheus.Registry) *http.ServeMux {
 	for _, rt := range s.routes {
 		name := rt.method + " " + rt.path
 		var h http.Handler
-		if rt.handler == nil {
+		switch {
+		case rt.auth == authUI:
+			h = s.uiHandler()
+		case rt.handler == nil:
 			h = metricsHandler(reg)
-		} else {
+		default:
 			h = s.wrap(rt)
 		}
 		mux.Handle(name, s.instrument(name, h))
@@ -255,6 +270,16 @@ func (s *Server) buildMux(reg *prometheus.Registry) *http.ServeMux {
 		writeError(w, errf(http.StatusNotFound, "not_found", "no such route: %s", r.URL.Path))
 	})))
 	return mux
+}
+
+// uiHandler is the status page, or a 404 when the server has none.
+func (s *Server) uiHandler() http.Handler {
+	if s.ui != nil {
+		return s.ui
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, errf(http.StatusNotFound, "not_found", "the status page is not served here"))
+	})
 }
 
 // ServeHTTP implements http.Handler.

@@ -12,12 +12,24 @@ import (
 	"github.com/batcherd/batcherd/internal/auth"
 	"github.com/batcherd/batcherd/internal/config"
 	"github.com/batcherd/batcherd/internal/store"
+	"github.com/batcherd/batcherd/internal/ui"
 )
 
 // handler builds the HTTP API over the scanner (admin rounds and settlement go through
 // the very code the loops run).
 func (a *App) handler() (http.Handler, error) {
 	authn, err := a.authenticator()
+	if err != nil {
+		return nil, err
+	}
+	// The status page checks logins with the same authenticator as the API.
+	page, err := ui.New(ui.Config{
+		Auth:           authn,
+		InsecureNoAuth: a.cfg.InsecureNoAuth,
+		SessionKey:     []byte(a.cfg.UISessionKey),
+		SessionTTL:     a.cfg.UISessionTTL,
+		Repos:          a.cfg.Repos,
+	}, a.st, a.log.With("component", "ui"))
 	if err != nil {
 		return nil, err
 	}
@@ -40,6 +52,7 @@ func (a *App) handler() (http.Handler, error) {
 		SchemaCheck: a.readiness(),
 		Kick:        a.sc.Kick,
 		Context:     a.bg,
+		UI:          page,
 	})
 }
 

@@ -53,6 +53,10 @@ type Config struct {
 	InsecureNoAuth    bool          `env:"INSECURE_NO_AUTH, default=false" desc:"serve the API without tokens (development only; logs a warning)"`
 	AutoApprove       bool          `env:"AUTO_APPROVE, default=false" desc:"admit operations at once, skipping the approve call"`
 	IdempotencyTTL    time.Duration `env:"IDEMPOTENCY_TTL, default=24h" desc:"how long an Idempotency-Key is remembered"`
+	// The status page (internal/ui).
+	UISessionKey     string        `env:"UI_SESSION_KEY" secret:"true" desc:"key (at least 32 bytes) signing the status page's session cookies; give every replica behind one load balancer the same (or BATCHERD_UI_SESSION_KEY_FILE). Unset: a random key per process, so a session works only on the replica that opened it and ends when it restarts"`
+	UISessionKeyFile string        `env:"UI_SESSION_KEY_FILE" desc:"file holding the status page's session key"`
+	UISessionTTL     time.Duration `env:"UI_SESSION_TTL, default=8h" desc:"how long a status page login lasts"`
 
 	ClaimSchedule     string        `env:"CLAIM_SCHEDULE, default=@every 30s" desc:"robfig/cron spec of claim rounds"`
 	MaxBatchSize      int           `env:"MAX_BATCH_SIZE, default=500" desc:"most operations claimed into one batch"`
@@ -148,6 +152,7 @@ func (c *Config) loadFiles() error {
 	one("MYSQL_DSN", c.MySQLDSNFile, c.MySQLDSN != "", func(v string) { c.MySQLDSN = v })
 	one("GITLAB_TOKEN", c.GitLabTokenFile, c.GitLabToken != "", func(v string) { c.GitLabToken = v })
 	one("WEBHOOK_SECRET", c.WebhookSecretFile, c.WebhookSecret != "", func(v string) { c.WebhookSecret = v })
+	one("UI_SESSION_KEY", c.UISessionKeyFile, c.UISessionKey != "", func(v string) { c.UISessionKey = v })
 	one("API_TOKENS", c.APITokensFile, len(trimList(c.APITokens)) > 0, func(v string) { c.APITokens = split(v) })
 	one("ADMIN_TOKENS", c.AdminTokensFile, len(trimList(c.AdminTokens)) > 0, func(v string) { c.AdminTokens = split(v) })
 	return errors.Join(errs...)
@@ -178,6 +183,7 @@ func (c *Config) Validate(n Need) error {
 		c.validateLoops(&p)
 		c.validateFailurePolicy(&p)
 		p = append(p, c.validatePrincipals()...)
+		c.validateUI(&p)
 	}
 	c.validateLogging(&p)
 	return errors.Join(p...)
@@ -188,6 +194,17 @@ type problems []error
 
 func (p *problems) bad(name, format string, a ...any) {
 	*p = append(*p, fmt.Errorf("%s%s: %s", Prefix, name, fmt.Sprintf(format, a...)))
+}
+
+// validateUI: the status page's session key and lifetime.
+func (c *Config) validateUI(p *problems) {
+	if c.UISessionKey != "" && len(c.UISessionKey) < 32 {
+		// The length only: never the key.
+		p.bad("UI_SESSION_KEY", "must be at least 32 bytes, got %d (e.g. openssl rand -hex 32)", len(c.UISessionKey))
+	}
+	if c.UISessionTTL < time.Minute || c.UISessionTTL > 30*24*time.Hour {
+		p.bad("UI_SESSION_TTL", "must be between 1m and 720h, got %s", c.UISessionTTL)
+	}
 }
 
 // validateDB: what every subcommand that opens the database needs.
