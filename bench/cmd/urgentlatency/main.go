@@ -113,6 +113,7 @@ func run(n, held, waiting int) error {
 	}
 
 	var claimLag, approveCall, heldLag []time.Duration
+	freed := 0
 	for i := range n {
 		id, err := create(bases[0], fmt.Sprintf("urgent-%d", i))
 		if err != nil {
@@ -159,7 +160,15 @@ func run(n, held, waiting int) error {
 			return err
 		}
 		if op.Status != "queued" {
-			return fmt.Errorf("held trial %d: urgent approval answered %s, want queued (slot held)", i, op.Status)
+			// The running batch settled before the approval arrived (a loaded machine):
+			// not a held-slot trial. Counted, left out of the figure.
+			freed++
+			if op.BatchID != nil {
+				if err := waitSettled(ctx, st, *op.BatchID); err != nil {
+					return err
+				}
+			}
+			continue
 		}
 		var lag float64
 		deadline := time.Now().Add(30 * time.Second)
@@ -186,13 +195,20 @@ func run(n, held, waiting int) error {
 		}
 	}
 	show := func(name string, d []time.Duration) {
-		s := bench.Summarize(d)
-		fmt.Printf("%-62s n=%-3d p50=%-9s p90=%-9s p99=%-9s max=%s\n", name, s.N, ms(s.P50), ms(s.P90), ms(s.P99), ms(s.Max))
+		s := bench.Summarize(d) // sorts d
+		p95 := time.Duration(0)
+		if len(d) > 0 {
+			p95 = d[max(0, int(0.95*float64(len(d))+0.5)-1)] // nearest rank, as Summarize
+		}
+		fmt.Printf("%-62s n=%-3d p50=%-9s p90=%-9s p95=%-9s max=%s\n", name, s.N, ms(s.P50), ms(s.P90), ms(p95), ms(s.Max))
 	}
 	fmt.Printf("urgent lane, 2 replicas in one process, MariaDB on 127.0.0.1, batch size 20, %d normal operations waiting\n", waiting)
 	show("slot free: approval event → claim (DB clock)", claimLag)
 	show("slot free: approve call, client side (claim included)", approveCall)
 	show("slot held: running batch settled → urgent claimed (DB clock)", heldLag)
+	if freed > 0 {
+		fmt.Printf("(%d held-slot trials left out: the running batch had settled before the urgent approval arrived)\n", freed)
+	}
 	return nil
 }
 
