@@ -352,6 +352,9 @@ func (a *auditor) checkOp(o opRow, members []memberRow, wait map[string]waitRow)
 			a.add("agreement", "merge_batch_request", fmt.Sprintf("in_batch in batch %d but its waiting row does not say so", o.BatchID.Int64), id)
 		}
 	case domain.OpMerged:
+		if waiting {
+			a.add("agreement", "merge_batch_request", "merged operation still waiting to be claimed (a stray the claim skips)", id)
+		}
 		if !o.BatchID.Valid {
 			a.add("agreement", "operation", "merged operation has no batch_id", id)
 			return
@@ -361,7 +364,7 @@ func (a *auditor) checkOp(o opRow, members []memberRow, wait map[string]waitRow)
 		}
 	case domain.OpFailed:
 		if waiting {
-			a.add("agreement", "merge_batch_request", "failed operation still waiting to be claimed", id)
+			a.add("agreement", "merge_batch_request", "failed operation still waiting to be claimed (a stray the claim skips)", id)
 		}
 		if o.ErrorCode == "" {
 			a.add("agreement", "operation", "failed operation has no reason (error_code empty)", id)

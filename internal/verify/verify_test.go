@@ -109,6 +109,14 @@ func TestEachViolationIsReported(t *testing.T) {
 			exec(t, db, "INSERT INTO merge_batch_member (batch_id, operation_id) VALUES (1, 'op-failed')")
 			exec(t, db, "UPDATE merge_batch SET size = 2 WHERE id = 1")
 		}, "member of SUCCEEDED batch 1 but the operation is failed in batch 3"},
+		{"withdrawn operation still in the waiting set", func(t *testing.T, db *sqlx.DB) {
+			exec(t, db, "UPDATE operation SET status = 'withdrawn' WHERE operation_id = 'op-rejected'")
+			exec(t, db, "UPDATE binding SET status = 'closed' WHERE subject = 'dave'")
+			exec(t, db, "INSERT INTO merge_batch_request (operation_id, repo) VALUES ('op-rejected', 'g/r')")
+		}, "operation withdrawn but present in the waiting set (a stray the claim skips)"},
+		{"withdrawn grant whose binding is not closed", func(t *testing.T, db *sqlx.DB) {
+			exec(t, db, "UPDATE operation SET status = 'withdrawn' WHERE operation_id = 'op-rejected'")
+		}, "binding is rejected but its grant operation op-rejected is withdrawn (want closed)"},
 		{"duplicate relation rows", func(t *testing.T, db *sqlx.DB) {
 			exec(t, db, "ALTER TABLE binding DROP INDEX uk_subject_target")
 			exec(t, db, "INSERT INTO binding (subject, target, repo, status, operation_id) VALUES ('dave', 'db', 'g/r', 'rejected', 'op-rejected')")
