@@ -267,7 +267,7 @@ func TestWithdrawRacesClaim(t *testing.T) {
 	st, dsn := storetest.New(t)
 	ctx := context.Background()
 	replicas := []*store.Store{st, storetest.Open(t, dsn, 16), storetest.Open(t, dsn, 16)}
-	const rounds, perRound, claimers, withdrawers = 12, 120, 3, 4
+	const rounds, perRound, claimers, withdrawers = 8, 100, 3, 4
 	var nWithdrawn, nInBatch, nClaims, nPreempted atomic.Int64
 	for round := range rounds {
 		ids := storetest.InsertQueuedOps(t, st, testRepo, perRound)
