@@ -28,6 +28,7 @@ func TestTranslateClusterAnswers(t *testing.T) {
 		{"certification failure at COMMIT", commitError(ctx, myErr(1213)), []error{ErrLostRace}, []error{ErrCommitUnknown}},
 		{"node not in the primary component", translate(myErr(1047)), []error{ErrNotPrimary}, []error{ErrLostRace, ErrUnavailable}},
 		{"a read-only server (a fenced former primary)", translate(myErr(1290)), []error{ErrNotPrimary}, []error{ErrLostRace}},
+		{"a pooled connection still inside a transaction", translate(myErr(1568)), []error{ErrUnavailable}, []error{ErrNotPrimary}},
 		{"1180 at a statement", translate(myErr(1180)), []error{ErrNotPrimary}, []error{ErrCommitUnknown}},
 		{"1180 at COMMIT: the others may have certified it", commitError(ctx, myErr(1180)), []error{ErrCommitUnknown, ErrNotPrimary}, nil},
 		{"connection lost at COMMIT", commitError(ctx, mysql.ErrInvalidConn), []error{ErrCommitUnknown}, []error{ErrUnavailable}},

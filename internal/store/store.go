@@ -112,6 +112,9 @@ const (
 	// replica a stale DNS name or proxy still points at. Not measured here (no MySQL
 	// or semi-sync setup on these machines); read like 1047: not the writer, retry.
 	errReadOnly = 1290
+	// ER_CANT_CHANGE_TX_CHARACTERISTICS: SET TRANSACTION (a BEGIN with an isolation
+	// level) on a connection still inside a transaction.
+	errTxInProgress = 1568
 )
 
 // storeErrors counts MySQL errors by number; registered by Collectors.
@@ -425,6 +428,11 @@ func translate(err error) error {
 			return fmt.Errorf("%w (mysql %d: %s)", ErrLostRace, me.Number, me.Message)
 		case errNotPrimaryCom, errErrorDuringCommit, errReadOnly:
 			return fmt.Errorf("%w (mysql %d: %s)", ErrNotPrimary, me.Number, me.Message)
+		case errTxInProgress:
+			// A connection back in the pool inside a transaction its ROLLBACK could not
+			// end (measured on a Galera node that had left the primary component): nothing
+			// ran; the failover closes such connections.
+			return fmt.Errorf("%w (mysql %d: %s)", ErrUnavailable, me.Number, me.Message)
 		}
 		return err
 	}
