@@ -41,6 +41,7 @@ type OperationRequest struct {
 	Repo       string         `json:"repo,omitempty"`
 	ExpiresAt  *time.Time     `json:"expires_at,omitempty"`
 	Attributes map[string]any `json:"attributes,omitempty"`
+	Priority   string         `json:"priority,omitempty"` // normal (default) or urgent
 }
 
 // APIError is a non-2xx answer.
@@ -217,6 +218,38 @@ func (c *Client) Approve(ctx context.Context, id string) (Operation, error) {
 	}
 	_, err := c.do(ctx, http.MethodPost, "/v1/operations/"+url.PathEscape(id)+"/approve", hdr, nil, &out, true)
 	return out.Operation, err
+}
+
+// Withdraw takes an operation that no batch has claimed back (idempotent).
+func (c *Client) Withdraw(ctx context.Context, id string) (Operation, error) {
+	return c.opCall(ctx, http.MethodPost, id, "/withdraw")
+}
+
+// Pause pauses a repository (admin token; idempotent).
+func (c *Client) Pause(ctx context.Context, repo, reason string) (wire.Repo, error) {
+	var out struct {
+		Repo wire.Repo `json:"repo"`
+	}
+	_, err := c.do(ctx, http.MethodPost, "/v1/admin/repos/"+url.PathEscape(repo)+"/pause", nil, map[string]string{"reason": reason}, &out, true)
+	return out.Repo, err
+}
+
+// Resume ends a repository's pause (admin token; idempotent).
+func (c *Client) Resume(ctx context.Context, repo string) (wire.Repo, error) {
+	var out struct {
+		Repo wire.Repo `json:"repo"`
+	}
+	_, err := c.do(ctx, http.MethodPost, "/v1/admin/repos/"+url.PathEscape(repo)+"/resume", nil, nil, &out, true)
+	return out.Repo, err
+}
+
+// Repos reads GET /v1/repos.
+func (c *Client) Repos(ctx context.Context) ([]wire.Repo, error) {
+	var out struct {
+		Repos []wire.Repo `json:"repos"`
+	}
+	_, err := c.do(ctx, http.MethodGet, "/v1/repos", nil, nil, &out, true)
+	return out.Repos, err
 }
 
 // Reject rejects an operation.
