@@ -50,6 +50,8 @@ func ExitCode(err error) int {
 		return ExitSchemaDrift
 	case errors.Is(err, store.ErrInvalidDSN):
 		return ExitUsage // a configuration error, whichever path found it
+	case errors.Is(err, ErrPreflight):
+		return ExitUsage // GitLab refuses the token or does not show a repository
 	}
 	return ExitFailure
 }

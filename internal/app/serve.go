@@ -129,6 +129,16 @@ func New(ctx context.Context, cfg *config.Config, env Env) (*App, error) {
 		env.TuneScanner(&scfg)
 	}
 	sc := scanner.New(scfg, st, gl, log, reg)
+	pctx, cancelPre := context.WithTimeout(ctx, 2*time.Minute)
+	seen, err := preflight(pctx, gl, cfg.Repos, log)
+	cancelPre()
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	for repo, rerr := range seen {
+		sc.ObserveGitLab(repo, rerr)
+	}
 
 	a := &App{cfg: cfg, log: log, st: st, gl: gl, sc: sc, reg: reg, draining: make(chan struct{})}
 	a.bg, a.stopBg = context.WithCancel(context.WithoutCancel(ctx))

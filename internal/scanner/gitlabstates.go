@@ -159,24 +159,24 @@ func (l *reconcileLoop) noteFlake(ctx context.Context, b store.Batch, m mr.Merge
 
 func (g *instrumented) Rebase(ctx context.Context, project string, iid int64) error {
 	err := g.gl.Rebase(ctx, project, iid)
-	g.count("rebase", err)
+	g.count("rebase", project, err)
 	return err
 }
 
 func (g *instrumented) MRCommits(ctx context.Context, project string, iid int64) ([]mr.CommitInfo, error) {
 	cs, err := g.gl.MRCommits(ctx, project, iid)
-	g.count("list_mr_commits", err)
+	g.count("list_mr_commits", project, err)
 	return cs, err
 }
 
 func (g *instrumented) RetryPipeline(ctx context.Context, project string, pipelineID int64) (string, error) {
 	st, err := g.gl.RetryPipeline(ctx, project, pipelineID)
-	g.count("retry_pipeline", err)
+	g.count("retry_pipeline", project, err)
 	return st, err
 }
 
 func (g *instrumented) PipelineRetries(ctx context.Context, project string, pipelineID int64) (int, error) {
 	n, err := g.gl.PipelineRetries(ctx, project, pipelineID)
-	g.count("pipeline_retries", err)
+	g.count("pipeline_retries", project, err)
 	return n, err
 }

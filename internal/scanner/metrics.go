@@ -20,6 +20,9 @@ type metrics struct {
 	batchSize     prometheus.Histogram
 	settles       *prometheus.CounterVec // outcome, code
 	gitlab        *prometheus.CounterVec // op, class
+	gitlabState   *prometheus.GaugeVec   // repo, state (access.go)
+	drift         *prometheus.GaugeVec   // repo, kind (drift.go)
+	mergeDrift    *prometheus.CounterVec // repo, kind (verify after merge)
 
 	// Failure isolation.
 	retries        *prometheus.CounterVec   // class
@@ -102,6 +105,18 @@ func newMetrics(reg prometheus.Registerer, replica string) *metrics {
 	m.rebases = register(reg, m.rebases)
 	m.flakeRetries = register(reg, m.flakeRetries)
 	m.flakes = register(reg, m.flakes)
+	m.gitlabState = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "batcherd_repository_gitlab_state", Help: "1 for the state GitLab last answered for a repository as this replica saw it (ok, unauthorized, forbidden, not_found, unreachable), 0 for the others.", ConstLabels: cl,
+	}, []string{"repo", "state"})
+	m.drift = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "batcherd_repository_drift_files", Help: "Files of the repository's bindings/ tree that differ from the active bindings at the last drift check, by kind (unexpected, missing, modified).", ConstLabels: cl,
+	}, []string{"repo", "kind"})
+	m.mergeDrift = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "batcherd_merge_verify_misses_total", Help: "Members of merged batches whose change the target branch did not hold when read after the merge (grant: file missing or another operation's; revoke: file still there), by repository and kind.", ConstLabels: cl,
+	}, []string{"repo", "kind"})
+	m.gitlabState = register(reg, m.gitlabState)
+	m.drift = register(reg, m.drift)
+	m.mergeDrift = register(reg, m.mergeDrift)
 	m.runs = register(reg, m.runs)
 	m.retries = register(reg, m.retries)
 	m.bisectionDepth = register(reg, m.bisectionDepth)
@@ -136,13 +151,18 @@ func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 
 // instrumented wraps the GitLab layer to count every call by op and result class.
 type instrumented struct {
-	gl GitLab
-	m  *metrics
+	gl     GitLab
+	m      *metrics
+	access *access
 }
 
-func instrument(gl GitLab, m *metrics) GitLab { return &instrumented{gl: gl, m: m} }
+func instrument(gl GitLab, m *metrics, a *access) GitLab {
+	return &instrumented{gl: gl, m: m, access: a}
+}
 
-func (g *instrumented) count(op string, err error) {
+// count counts one call and tells the access tracker what GitLab answered for project.
+func (g *instrumented) count(op, project string, err error) {
+	g.access.observe(project, op, err)
 	class := "ok"
 	switch {
 	case err == nil:
@@ -160,60 +180,60 @@ func (g *instrumented) count(op string, err error) {
 
 func (g *instrumented) EnsureBranch(ctx context.Context, project, branch, ref string) error {
 	err := g.gl.EnsureBranch(ctx, project, branch, ref)
-	g.count("ensure_branch", err)
+	g.count("ensure_branch", project, err)
 	return err
 }
 
 func (g *instrumented) DeleteBranch(ctx context.Context, project, branch string) error {
 	err := g.gl.DeleteBranch(ctx, project, branch)
-	g.count("delete_branch", err)
+	g.count("delete_branch", project, err)
 	return err
 }
 
 func (g *instrumented) CommitFiles(ctx context.Context, project, branch string, batchID int64, message string, files []mr.FileAction) (mr.Commit, error) {
 	c, err := g.gl.CommitFiles(ctx, project, branch, batchID, message, files)
-	g.count("commit_files", err)
+	g.count("commit_files", project, err)
 	return c, err
 }
 
 func (g *instrumented) FindMR(ctx context.Context, project, sourceBranch string, batchID int64) (mr.MergeRequest, bool, error) {
 	m, found, err := g.gl.FindMR(ctx, project, sourceBranch, batchID)
-	g.count("find_mr", err)
+	g.count("find_mr", project, err)
 	return m, found, err
 }
 
 func (g *instrumented) EnsureMR(ctx context.Context, project string, spec mr.MRSpec) (mr.MergeRequest, error) {
 	m, err := g.gl.EnsureMR(ctx, project, spec)
-	g.count("ensure_mr", err)
+	g.count("ensure_mr", project, err)
 	return m, err
 }
 
 func (g *instrumented) GetMR(ctx context.Context, project string, iid int64) (mr.MergeRequest, error) {
 	m, err := g.gl.GetMR(ctx, project, iid)
-	g.count("get_mr", err)
+	g.count("get_mr", project, err)
 	return m, err
 }
 
 func (g *instrumented) SetAutoMerge(ctx context.Context, project string, iid int64, sha string) (mr.MergeRequest, error) {
 	m, err := g.gl.SetAutoMerge(ctx, project, iid, sha)
-	g.count("set_auto_merge", err)
+	g.count("set_auto_merge", project, err)
 	return m, err
 }
 
 func (g *instrumented) Merge(ctx context.Context, project string, iid int64, sha string) (mr.MergeRequest, error) {
 	m, err := g.gl.Merge(ctx, project, iid, sha)
-	g.count("merge", err)
+	g.count("merge", project, err)
 	return m, err
 }
 
 func (g *instrumented) CloseMR(ctx context.Context, project string, iid int64) (mr.MergeRequest, error) {
 	m, err := g.gl.CloseMR(ctx, project, iid)
-	g.count("close_mr", err)
+	g.count("close_mr", project, err)
 	return m, err
 }
 
 func (g *instrumented) ListOpenLabeled(ctx context.Context, project, label string) ([]mr.MergeRequest, error) {
 	ms, err := g.gl.ListOpenLabeled(ctx, project, label)
-	g.count("list_open_labeled", err)
+	g.count("list_open_labeled", project, err)
 	return ms, err
 }

@@ -49,6 +49,9 @@ func (l *orphanLoop) runOnce(ctx context.Context) error {
 		if ctx.Err() != nil || l.s.stopping() {
 			break
 		}
+		if l.s.access.held(repo) {
+			continue // GitLab refuses it: probed by the other loops after their backoff
+		}
 		started++
 		err := l.sweepOpen(ctx, repo)
 		if l.s.itemErr("orphans", l.log.With("repo", repo), "listing open batch MRs failed", err) != nil {
@@ -142,7 +145,7 @@ func (l *orphanLoop) sweepFailed(ctx context.Context) error {
 		if ctx.Err() != nil || l.s.stopping() {
 			break
 		}
-		if b.MRIID == nil {
+		if b.MRIID == nil || l.s.access.held(b.Repo) {
 			continue
 		}
 		log := batchLog(l.log, b).With("mr_iid", *b.MRIID)

@@ -59,6 +59,11 @@ func (l *publishLoop) runOnce(ctx context.Context) error {
 	}
 	started, failed := forEach(ctx, l.s, l.cfg.workers, due, func(ctx context.Context, b store.Batch) error {
 		log := batchLog(l.log, b)
+		if l.s.access.held(b.Repo) {
+			// GitLab refuses the repository: held, probed again after the backoff.
+			l.s.m.outcomes.WithLabelValues("publish", "held_gitlab_refused").Inc()
+			return nil
+		}
 		// tryLock: the reservation pushes next_check_at past the lease, so other
 		// replicas (and our reconcile loop) leave the batch alone while we publish.
 		rb, err := l.s.st.BatchReserve(ctx, b.ID, b.Version, l.cfg.lease)
@@ -218,6 +223,16 @@ func (l *publishLoop) writeBatch(ctx context.Context, b store.Batch, branch stri
 	}
 	l.s.step(ctx, "publish.branch", b.ID)
 	commit, err := l.s.gl.CommitFiles(ctx, b.Repo, branch, b.ID, commitMessage(b, members), files)
+	if mr.IsContentRefusal(err) {
+		// GitLab refuses this content for good (a path it will not store): the same
+		// commit can never succeed, so the batch fails now with GitLab's words, and the
+		// failure policy bisects it down to the member GitLab refuses, instead of
+		// holding the slot until the batch timeout, twice.
+		l.s.m.outcomes.WithLabelValues("publish", "content_refused").Inc()
+		log.Warn("GitLab refused the batch's commit; failing the batch to isolate the member", "err", err)
+		_, serr := l.s.settleFailure(ctx, b, failure{ClassRefused, "GitLab refused the batch's commit: " + gitlabMessage(err)}, log)
+		return written{done: true}, serr
+	}
 	if err != nil {
 		return written{}, err
 	}
@@ -525,4 +540,13 @@ func (l *publishLoop) foreign(ctx context.Context, b store.Batch, cause error, l
 	log.Error("the MR on the batch's branch is not this batch's; failing the batch and leaving the MR alone", "err", cause)
 	_, err := l.s.settleFailure(ctx, b, failure{ClassForeignMR, cause.Error()}, log)
 	return err
+}
+
+// gitlabMessage is GitLab's own words in a layer error, else the error's text.
+func gitlabMessage(err error) string {
+	var e *mr.Error
+	if errors.As(err, &e) && e.Message != "" {
+		return fmt.Sprintf("%d %s", e.Status, e.Message)
+	}
+	return err.Error()
 }

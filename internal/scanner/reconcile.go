@@ -51,6 +51,11 @@ func (l *reconcileLoop) runOnce(ctx context.Context) error {
 	due = slices.DeleteFunc(due, func(b store.Batch) bool { return b.MRIID == nil })
 	started, failed := forEach(ctx, l.s, l.cfg.workers, due, func(ctx context.Context, b store.Batch) error {
 		log := batchLog(l.log, b).With("mr_iid", *b.MRIID)
+		if l.s.access.held(b.Repo) {
+			// GitLab refuses the repository: held, probed again after the backoff.
+			l.s.m.outcomes.WithLabelValues("reconcile", "held_gitlab_refused").Inc()
+			return nil
+		}
 		// The lease is the check interval: whatever we find, the next look at this
 		// batch is one interval from now (DB clock), by whichever replica.
 		rb, err := l.s.st.BatchReserve(ctx, b.ID, b.Version, l.cfg.interval)
@@ -68,6 +73,11 @@ func (l *reconcileLoop) runOnce(ctx context.Context) error {
 // reconcile applies what the MR says to the reserved batch b.
 func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.Logger) error {
 	m, err := l.s.gl.GetMR(ctx, b.Repo, *b.MRIID)
+	if mr.AccessOf(err) == mr.AccessNotFound {
+		// GitLab does not show the project at all (access lost, project moved): that
+		// is the repository's state, not the MR's; the work is held (access.go).
+		return err
+	}
 	if mr.ClassOf(err) == mr.ClassNotFound {
 		// The MR was deleted (or the project moved): nothing can merge it any more.
 		_, err = l.s.settleFailure(ctx, b, failure{ClassMRMissing, fmt.Sprintf("merge request !%d no longer exists", *b.MRIID)}, log)

@@ -94,6 +94,12 @@ type Config struct {
 	// before it may be named the culprit [1]; negative means none.
 	FlakeRetries int
 
+	// RefusalBackoffBase and RefusalBackoffMax bound the wait between probes of a
+	// repository GitLab refuses (401/403/404 for the project) [2s, 1m]: its work is held
+	// meanwhile, and the first probe GitLab answers resumes it.
+	RefusalBackoffBase time.Duration
+	RefusalBackoffMax  time.Duration
+
 	StartJitter time.Duration // [5s] max random delay before a loop's first run
 	BackoffBase time.Duration // [1s] first retry delay after a failed run
 	BackoffMax  time.Duration // [1m] cap of the retry delay
@@ -148,6 +154,8 @@ func (c Config) withDefaults() Config {
 	defInt(&c.CleanupChunk, 500)
 	defInt(&c.ScanLimit, 200)
 	defInt(&c.Workers, 4)
+	def(&c.RefusalBackoffBase, 2*time.Second)
+	def(&c.RefusalBackoffMax, time.Minute)
 	def(&c.StartJitter, 5*time.Second)
 	def(&c.BackoffBase, time.Second)
 	def(&c.BackoffMax, time.Minute)
@@ -181,6 +189,9 @@ type Scanner struct {
 	log *slog.Logger
 	m   *metrics
 	pol policy
+	// access follows GitLab's answers per repository and holds the work of a
+	// repository GitLab refuses (access.go).
+	access *access
 
 	claim     *claimLoop
 	publish   *publishLoop
@@ -215,10 +226,12 @@ func New(cfg Config, st Store, gl GitLab, log *slog.Logger, reg prometheus.Regis
 		log = log.With("replica", cfg.ReplicaID)
 	}
 	m := newMetrics(reg, cfg.ReplicaID)
+	acc := newAccess(st, log, m.gitlabState, cfg.RefusalBackoffBase, cfg.RefusalBackoffMax)
 	s := &Scanner{
 		cfg:           cfg,
 		st:            st,
-		gl:            instrument(gl, m),
+		gl:            instrument(gl, m, acc),
+		access:        acc,
 		log:           log,
 		m:             m,
 		kickPublish:   make(chan struct{}, 1),
@@ -240,6 +253,10 @@ func New(cfg Config, st Store, gl GitLab, log *slog.Logger, reg prometheus.Regis
 	s.orphans = &orphanLoop{s: s, cfg: orphanConfig{interval: cfg.OrphanInterval, repos: cfg.Repos, lookback: cfg.OrphanLookback, limit: cfg.ScanLimit}, log: log.With("loop", "orphans")}
 	return s
 }
+
+// ObserveGitLab tells the scanner what GitLab answered for repo outside its loops (the
+// start-up preflight), so GET /v1/repos and the metric start from it.
+func (s *Scanner) ObserveGitLab(repo string, err error) { s.access.observe(repo, "preflight", err) }
 
 // Kick makes the publish and reconcile loops run now instead of at their next tick
 // (claims and the GitLab webhook call it). It never blocks.

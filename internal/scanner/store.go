@@ -51,6 +51,9 @@ type Store interface {
 
 	// installation identity: names this installation's branches (orphans)
 	Installation(ctx context.Context) (string, error)
+
+	// repository state: GitLab access (access.go)
+	RepoGitLabStateSet(ctx context.Context, repo, state, detail string) error
 }
 
 var _ Store = (*store.Store)(nil)

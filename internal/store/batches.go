@@ -148,9 +148,19 @@ const (
 	// on the target branch for good. Found by the chaos run. Once the reservation
 	// lapses (the publish loop stops renewing it past the timeout), the sweep takes the
 	// batch, and settle failure finds any MR by its branch.
+	//
+	// While GitLab refuses the repository (401, 403, or a 404 for the project: a token
+	// revoked or without access) the batch timeout does not run: the refusal is not
+	// the batch's fault, and failing it would fail (and charge) every member for a
+	// token an operator is about to fix. Once GitLab answers again, a held batch gets a
+	// whole timeout from then (repo_state.timeout_resume_at), so the loops can finish it
+	// before the sweep looks at it again.
 	qBatchesTimedOut = "SELECT " + batchCols + ` FROM merge_batch
 		WHERE status IN (1, 4) AND created_at < CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
 		  AND (mr_iid IS NOT NULL OR next_check_at <= CURRENT_TIMESTAMP(6))
+		  AND NOT EXISTS (SELECT 1 FROM repo_state rs WHERE rs.repo = merge_batch.repo
+		        AND (rs.gitlab_state IN ` + refusalList + `
+		             OR rs.timeout_resume_at > CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND))
 		LIMIT ?`
 	// qFailedWithMR: recently failed batches with an MR (idx_status_updated). updated_at
 	// bounds the index range: a FAILED batch is not written again except by "merged
@@ -1228,7 +1238,7 @@ func (s *Store) BatchesTimedOut(ctx context.Context, timeout time.Duration, limi
 		limit = 100
 	}
 	out := []Batch{}
-	err := s.db.SelectContext(ctx, &out, qBatchesTimedOut, micros(timeout), limit)
+	err := s.db.SelectContext(ctx, &out, qBatchesTimedOut, micros(timeout), micros(timeout), limit)
 	slices.SortFunc(out, func(a, b Batch) int { return cmp.Compare(a.ID, b.ID) })
 	return out, translate(err)
 }
