@@ -2,6 +2,7 @@ package mr
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"path"
@@ -77,13 +78,11 @@ func (c *Client) CommitFiles(ctx context.Context, project, branch string, batchI
 	if start >= len(plan) {
 		return Commit{SHA: sha, Empty: !committed}, nil
 	}
-	var pending []string
+	var pending []FileAction
 	for _, ch := range plan[start:] {
-		for _, f := range ch {
-			pending = append(pending, f.Path)
-		}
+		pending = append(pending, ch...)
 	}
-	existing, err := c.listExisting(ctx, project, branch, pending)
+	existing, err := c.existingFor(ctx, project, branch, pending)
 	if err != nil {
 		return Commit{}, err
 	}
@@ -167,16 +166,12 @@ func (c *Client) commitChunk(ctx context.Context, project, branch string, owner 
 		}
 		// Our listing disagreed with the branch (a lagging replica of the tree, or a
 		// human pushed to the batch branch): list once more and retry.
-		paths := make([]string, 0, len(plan[i]))
-		for _, f := range plan[i] {
-			paths = append(paths, f.Path)
-		}
-		fresh, lerr := c.listExisting(ctx, project, branch, paths)
+		fresh, lerr := c.existingFor(ctx, project, branch, plan[i])
 		if lerr != nil {
 			return "", lerr
 		}
-		for _, p := range paths {
-			existing[p] = fresh[p]
+		for _, f := range plan[i] {
+			existing[f.Path] = fresh[f.Path]
 		}
 	}
 }
@@ -305,6 +300,61 @@ func readTrailers(c *glCommit) commitTrailers {
 // (none for a legacy owner) and this batch's id.
 func (t commitTrailers) carries(owner Owner) bool {
 	return t.hasBatch && t.batchID == owner.BatchID && t.installation == owner.Installation
+}
+
+// existingFor reports which of the files' paths exist on ref: from tree listings, and,
+// for every delete the listing says is unnecessary, from the file itself. A revoke
+// whose delete is dropped leaves access granted while the batch settles succeeded, so
+// "the file is not there" must not rest on a listing alone: a listing can miss a file
+// (a 404 of the wrong kind read as an empty directory, a paging quirk of some GitLab
+// versions). Only GitLab's own "404 File Not Found" for the path drops the delete; any
+// other answer is an error, and the publish is tried again.
+func (c *Client) existingFor(ctx context.Context, project, ref string, files []FileAction) (map[string]bool, error) {
+	paths := make([]string, 0, len(files))
+	for _, f := range files {
+		paths = append(paths, f.Path)
+	}
+	existing, err := c.listExisting(ctx, project, ref, paths)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range files {
+		if !f.Delete || existing[f.Path] {
+			continue
+		}
+		found, err := c.FileExists(ctx, project, ref, f.Path)
+		if err != nil {
+			return nil, err
+		}
+		existing[f.Path] = found
+	}
+	return existing, nil
+}
+
+// FileExists reads one file of ref (GET …/repository/files/:file_path): true when it is
+// there, false only on GitLab's own "404 File Not Found" for it. Any other 404 (the
+// project, the ref) is returned as the error it is.
+func (c *Client) FileExists(ctx context.Context, project, ref, filePath string) (bool, error) {
+	var f struct {
+		FilePath string `json:"file_path"`
+	}
+	err := c.raw(ctx, "get_file", http.MethodGet, projectPath(project, "repository/files", gitlab.PathEscape(filePath)),
+		&gitlab.GetFileOptions{Ref: &ref}, &f)
+	if err == nil {
+		return true, nil
+	}
+	if ClassOf(err) == ClassNotFound && messageContains(err, "file not found") {
+		return false, nil
+	}
+	if ClassOf(err) == ClassNotFound && !messageContains(err, "project") {
+		// Not the file's own 404 (nor the project's, which is the repository's state):
+		// never read as "the file is gone"; tried again.
+		var e *Error
+		if errors.As(err, &e) {
+			e.Class = ClassTransient
+		}
+	}
+	return false, err
 }
 
 // listExisting reports which of paths exist as files on ref, from as few tree

@@ -838,3 +838,55 @@ func TestFindMRAdoptsOnlyMRsCarryingTheBatchTrailers(t *testing.T) {
 		t.Fatalf("FindMR of batcherd's own MR: !%d %v %v", got.IID, found, err)
 	}
 }
+
+// Issue #14, lie 3: whether a revoke's delete is needed was decided from a tree listing
+// alone; a listing that missed the file (a 404 of the wrong kind, a paging quirk) dropped
+// the delete, and the batch settled with the file still there. A delete the listing
+// calls unnecessary is confirmed against the file itself; only GitLab's own "404 File
+// Not Found" drops it.
+func TestRevokeDeleteIsConfirmedAgainstTheFile(t *testing.T) {
+	sim, c := setup(t, gitlabsim.Options{})
+	content := "subject: alice\n"
+	path := mr.BindingPath("alice", "db/prod")
+	if _, err := sim.PushToDefault(proj, map[string]*string{path: &content}, "an active grant"); err != nil {
+		t.Fatal(err)
+	}
+	for i, lie := range []gitlabsim.Fault{
+		{Method: "GET", Route: "/projects/:id/repository/tree", Status: 200, Body: "[]"},
+		{Method: "GET", Route: "/projects/:id/repository/tree", Status: 404, Body: `{"message":"404 Tree Not Found"}`},
+	} {
+		branch := fmt.Sprintf("batcherd/batch-%d", 50+i)
+		if err := c.EnsureBranch(ctx(t), proj, branch, "main"); err != nil {
+			t.Fatal(err)
+		}
+		fid := sim.InjectFault(lie)
+		got, err := c.CommitFiles(ctx(t), proj, branch, int64(50+i), "revoke", []mr.FileAction{{Path: path, Delete: true}})
+		applied := sim.FaultApplied(fid)
+		sim.ClearFaults()
+		if err != nil {
+			t.Fatalf("listing lie %d: %v", i, err)
+		}
+		if applied == 0 {
+			t.Fatalf("listing lie %d never applied", i)
+		}
+		if got.Empty {
+			t.Fatalf("listing lie %d: the delete was dropped (Empty commit)", i)
+		}
+		if _, ok := sim.BranchFiles(proj, branch)[path]; ok {
+			t.Fatalf("listing lie %d: %s is still on the batch branch", i, path)
+		}
+	}
+	// The file's own 404 drops the delete; any other 404 is an error, never "gone".
+	if err := c.EnsureBranch(ctx(t), proj, "batcherd/batch-60", "main"); err != nil {
+		t.Fatal(err)
+	}
+	absent := mr.BindingPath("bob", "db/prod")
+	if got, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-60", 60, "revoke", []mr.FileAction{{Path: absent, Delete: true}}); err != nil || !got.Empty {
+		t.Fatalf("delete of a file that is not there: %+v %v, want Empty", got, err)
+	}
+	sim.InjectFault(gitlabsim.Fault{Method: "GET", Route: "/projects/:id/repository/files/:file", Status: 404, Body: `{"message":"404 Not Found"}`})
+	defer sim.ClearFaults()
+	if got, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-60", 60, "revoke", []mr.FileAction{{Path: absent, Delete: true}}); err == nil || got.Empty {
+		t.Fatalf("a 404 that is not the file's own: %+v %v, want an error", got, err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
@@ -133,5 +134,39 @@ func TestContentRefusalFailsAtOnceAndIsolatesTheMember(t *testing.T) {
 	culprit := e.requireOps(bad, store.OpFailed)[bad[0]]
 	if culprit.ErrorCode != ReasonCulprit || !strings.Contains(culprit.ErrorMessage, "Path is not allowed") {
 		t.Fatalf("refused member: %s %q, want culprit with GitLab's message", culprit.ErrorCode, culprit.ErrorMessage)
+	}
+}
+
+// Issue #14, lie 3, end to end: a revoke whose delete a lying tree listing called
+// unnecessary settled succeeded with the binding file still on the target branch.
+func TestRevokeIsNotLostToATreeListing(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{}, repo)
+	bg := context.Background()
+	ids := storetest.InsertOps(t, e.st, storetest.Ops{Repo: repo, N: 2, Action: store.ActionRevoke, Admit: true})
+	files := map[string]*string{}
+	for _, op := range e.ops(ids) {
+		content := "subject: " + op.Subject + "\noperation_id: an-earlier-grant\n"
+		files[mr.BindingPath(op.Subject, op.Target)] = &content
+	}
+	if _, err := e.sim.PushToDefault(repo, files, "the grants being revoked"); err != nil {
+		t.Fatal(err)
+	}
+	e.sim.InjectFault(gitlabsim.Fault{Method: "GET", Route: "/projects/:id/repository/tree", Status: 200, Body: "[]"})
+	s := e.scanner("a", nil)
+	res, err := s.RunRound(bg, repo)
+	if err != nil || res.Outcome != store.ClaimClaimed {
+		t.Fatalf("round: %+v %v", res, err)
+	}
+	b := e.drive(s, res.BatchID, 20*time.Second)
+	e.sim.ClearFaults()
+	if b.Status != store.BatchSucceeded {
+		t.Fatalf("batch %s (%s: %s)", b.Status, b.ErrorCode, b.ErrorMessage)
+	}
+	e.requireOps(ids, store.OpMerged)
+	main := e.sim.Files(repo)
+	for p := range files {
+		if _, ok := main[p]; ok {
+			t.Errorf("revoked, but %s is still on the target branch", p)
+		}
 	}
 }
