@@ -187,7 +187,11 @@ func (s *Server) writeRepo(w http.ResponseWriter, r *http.Request, c store.RepoC
 		return err
 	}
 	states[0].RepoControl = c // what the change itself answered
-	writeJSON(w, http.StatusOK, map[string]any{"repo": s.renderRepo(states[0])})
+	health, err := s.st.RepoHealths(r.Context())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"repo": withHealth(s.renderRepo(states[0]), health)})
 	return nil
 }
 
@@ -197,9 +201,13 @@ func (s *Server) handleListRepos(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	health, err := s.st.RepoHealths(r.Context())
+	if err != nil {
+		return err
+	}
 	out := make([]wire.Repo, 0, len(states))
 	for _, st := range states {
-		out = append(out, s.renderRepo(st))
+		out = append(out, withHealth(s.renderRepo(st), health))
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"repos": out})
 	return nil

@@ -33,6 +33,9 @@ type Store interface {
 	BatchMarkDue(ctx context.Context, id int64) error
 	WaitingStats(ctx context.Context) ([]store.RepoWaiting, error)
 
+	// repositories: GitLab state and drift (GET /v1/repos)
+	RepoHealths(ctx context.Context) (map[string]store.RepoHealth, error)
+
 	// installation identity (webhook: this installation's branches only)
 	Installation(ctx context.Context) (string, error)
 

@@ -55,7 +55,7 @@ func (s *Store) RepoGitLabStateSet(ctx context.Context, repo, state, detail stri
 		ON DUPLICATE KEY UPDATE
 		  timeout_resume_at = IF(gitlab_state IN `+refusalList+` AND VALUES(gitlab_state) NOT IN `+refusalList+`,
 		                         CURRENT_TIMESTAMP(6), timeout_resume_at),
-		  gitlab_changed_at = IF(gitlab_state <> VALUES(gitlab_state), CURRENT_TIMESTAMP(6), gitlab_changed_at),
+		  gitlab_changed_at = IF(gitlab_state <> VALUES(gitlab_state) OR gitlab_changed_at IS NULL, CURRENT_TIMESTAMP(6), gitlab_changed_at),
 		  gitlab_detail = VALUES(gitlab_detail),
 		  gitlab_state = VALUES(gitlab_state),
 		  version = version + 1`, repo, state, detail)
@@ -111,3 +111,4 @@ func (s *Store) RepoDriftRecord(ctx context.Context, repo string, c DriftCounts)
 		repo, c.Unexpected, c.Missing, c.Modified)
 	return translate(err)
 }
+

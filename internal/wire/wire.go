@@ -98,3 +98,11 @@ type RoundResult struct {
 	Outcome string `json:"outcome"`
 	BatchID *int64 `json:"batch_id,omitempty"`
 }
+
+// Drift is the result of a repository's last drift check.
+type Drift struct {
+	Unexpected int    `json:"unexpected"`
+	Missing    int    `json:"missing"`
+	Modified   int    `json:"modified"`
+	CheckedAt  string `json:"checked_at"`
+}
