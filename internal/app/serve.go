@@ -117,6 +117,7 @@ func New(ctx context.Context, cfg *config.Config, env Env) (*App, error) {
 		ReplicaID:         cfg.ReplicaID,
 		ReconcileInterval: cfg.ReconcileInterval,
 		BatchTimeout:      cfg.BatchTimeout,
+		DriftInterval:     driftOrOff(cfg.DriftInterval),
 		ShutdownTimeout:   cfg.ShutdownTimeout,
 		OnFailure:         scanner.FailureMode(cfg.OnFailure),
 		InfraRetries:      retriesOrNone(cfg.InfraRetries),
@@ -240,4 +241,13 @@ func retriesOrNone(n int) int {
 		return -1
 	}
 	return n
+}
+
+// driftOrOff maps BATCHERD_DRIFT_INTERVAL to scanner.Config's convention, where zero
+// takes the default and a negative interval turns the drift loop off.
+func driftOrOff(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }

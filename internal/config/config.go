@@ -69,6 +69,7 @@ type Config struct {
 	ConflictRetries   int           `env:"CONFLICT_RETRIES, default=1" desc:"rebuilds on the new target head after a merge conflict (or a pipeline failure without a reason) before bisecting"`
 	FlakeRetries      int           `env:"FLAKE_RETRIES, default=1" desc:"in-place retries of the failed pipeline of a batch of one member (a test or unknown failure) before that member is named the culprit; 0 names it at once"`
 	Bisect            bool          `env:"BISECT, default=true" desc:"on a test failure (script_failure) split the batch into halves, recursively, until the culprit is alone (reason culprit); false fails every member"`
+	DriftInterval     time.Duration `env:"DRIFT_INTERVAL, default=10m" desc:"how often each repository's bindings/ tree is compared with the active bindings (drift; one replica per repository per interval); 0 turns it off"`
 	ShutdownTimeout   time.Duration `env:"SHUTDOWN_TIMEOUT, default=20s" desc:"graceful shutdown bound on SIGTERM"`
 	ReplicaID         string        `env:"REPLICA_ID" desc:"name of this replica in logs and metrics (default: hostname)"`
 
@@ -266,6 +267,9 @@ func (c *Config) validateLoops(p *problems) {
 	}
 	if c.ReconcileInterval < 100*time.Millisecond {
 		p.bad("RECONCILE_INTERVAL", "must be at least 100ms, got %s", c.ReconcileInterval)
+	}
+	if c.DriftInterval < 0 || (c.DriftInterval > 0 && c.DriftInterval < time.Second) {
+		p.bad("DRIFT_INTERVAL", "must be 0 (off) or at least 1s, got %s", c.DriftInterval)
 	}
 	if c.BatchTimeout < time.Second {
 		p.bad("BATCH_TIMEOUT", "must be at least 1s, got %s", c.BatchTimeout)

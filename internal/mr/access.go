@@ -2,8 +2,14 @@ package mr
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/base64"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/http"
+
+	gitlab "gitlab.com/gitlab-org/api/client-go"
 )
 
 // User is who GitLab says the token is.
@@ -75,4 +81,60 @@ func IsContentRefusal(err error) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Op == "create_commit" &&
 		(e.Status == http.StatusBadRequest || e.Status == http.StatusUnprocessableEntity)
+}
+
+// Blob is one file of a tree listing: its path and git blob id.
+type Blob struct {
+	Path string
+	ID   string
+}
+
+// ListBlobs lists every file under dir on ref, recursively (all pages). A directory
+// that does not exist lists as empty.
+func (c *Client) ListBlobs(ctx context.Context, project, ref, dir string) ([]Blob, error) {
+	nodes, err := c.listTree(ctx, project, ref, dir, true)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Blob, 0, len(nodes))
+	for _, n := range nodes {
+		if n.Type == "blob" {
+			out = append(out, Blob{Path: n.Path, ID: n.ID})
+		}
+	}
+	return out, nil
+}
+
+// ReadFile reads one file of ref: its content, or found=false on GitLab's own
+// "404 File Not Found".
+func (c *Client) ReadFile(ctx context.Context, project, ref, filePath string) (content string, found bool, err error) {
+	var f struct {
+		Content  string `json:"content"`
+		Encoding string `json:"encoding"`
+	}
+	err = c.raw(ctx, "get_file", http.MethodGet, projectPath(project, "repository/files", gitlab.PathEscape(filePath)),
+		&gitlab.GetFileOptions{Ref: &ref}, &f)
+	if ClassOf(err) == ClassNotFound && messageContains(err, "file not found") {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	if f.Encoding == "base64" {
+		b, derr := base64.StdEncoding.DecodeString(f.Content)
+		if derr != nil {
+			return "", false, &Error{Op: "get_file", Class: ClassTransient, Message: "undecodable file content: " + derr.Error()}
+		}
+		return string(b), true, nil
+	}
+	return f.Content, true, nil
+}
+
+// GitBlobID is git's object id of a blob with this content (what tree listings show),
+// so a file can be compared with what batcherd would write without reading it.
+func GitBlobID(content string) string {
+	h := sha1.New()
+	fmt.Fprintf(h, "blob %d\x00", len(content))
+	h.Write([]byte(content))
+	return hex.EncodeToString(h.Sum(nil))
 }

@@ -237,3 +237,15 @@ func (g *instrumented) ListOpenLabeled(ctx context.Context, project, label strin
 	g.count("list_open_labeled", project, err)
 	return ms, err
 }
+
+func (g *instrumented) ListBlobs(ctx context.Context, project, ref, dir string) ([]mr.Blob, error) {
+	b, err := g.gl.ListBlobs(ctx, project, ref, dir)
+	g.count("list_blobs", project, err)
+	return b, err
+}
+
+func (g *instrumented) ReadFile(ctx context.Context, project, ref, filePath string) (string, bool, error) {
+	c, found, err := g.gl.ReadFile(ctx, project, ref, filePath)
+	g.count("read_file", project, err)
+	return c, found, err
+}

@@ -30,6 +30,9 @@ type GitLab interface {
 	CloseMR(ctx context.Context, project string, iid int64) (mr.MergeRequest, error)
 	ListOpenLabeled(ctx context.Context, project, label string) ([]mr.MergeRequest, error)
 	gitlabStates
+	// Reads of the target branch (post-merge check, drift loop).
+	ListBlobs(ctx context.Context, project, ref, dir string) ([]mr.Blob, error)
+	ReadFile(ctx context.Context, project, ref, filePath string) (content string, found bool, err error)
 }
 
 var _ GitLab = (*mr.Client)(nil)
@@ -69,6 +72,9 @@ type Config struct {
 	ExpiryInterval  time.Duration // [1m]
 	CleanupInterval time.Duration // [10m]
 	OrphanInterval  time.Duration // [5m]
+	// DriftInterval is how often each repository's bindings/ tree is compared with the
+	// active bindings [10m]; negative turns the drift loop off.
+	DriftInterval time.Duration
 	// OrphanLookback bounds how far back the orphan sweep re-reads FAILED batches' MRs
 	// for "merged wins" [24h].
 	OrphanLookback   time.Duration
@@ -149,6 +155,9 @@ func (c Config) withDefaults() Config {
 	def(&c.ExpiryInterval, time.Minute)
 	def(&c.CleanupInterval, 10*time.Minute)
 	def(&c.OrphanInterval, 5*time.Minute)
+	if c.DriftInterval == 0 {
+		c.DriftInterval = 10 * time.Minute
+	}
 	def(&c.OrphanLookback, 24*time.Hour)
 	def(&c.WaitingRetention, 24*time.Hour)
 	defInt(&c.CleanupChunk, 500)
@@ -200,6 +209,7 @@ type Scanner struct {
 	expiry    *expiryLoop
 	cleanup   *cleanupLoop
 	orphans   *orphanLoop
+	drift     *driftLoop
 
 	kickPublish   chan struct{}
 	kickReconcile chan struct{}
@@ -250,6 +260,7 @@ func New(cfg Config, st Store, gl GitLab, log *slog.Logger, reg prometheus.Regis
 	s.timeout = &timeoutLoop{s: s, cfg: timeoutConfig{interval: cfg.TimeoutInterval, timeout: cfg.BatchTimeout, lease: cfg.SettleLease, limit: cfg.ScanLimit, workers: cfg.Workers}, log: log.With("loop", "timeout")}
 	s.expiry = &expiryLoop{s: s, cfg: expiryConfig{interval: cfg.ExpiryInterval, limit: cfg.ScanLimit}, log: log.With("loop", "expiry")}
 	s.cleanup = &cleanupLoop{s: s, cfg: cleanupConfig{interval: cfg.CleanupInterval, chunk: cfg.CleanupChunk, retention: cfg.WaitingRetention}, log: log.With("loop", "cleanup")}
+	s.drift = &driftLoop{s: s, cfg: driftConfig{interval: cfg.DriftInterval, repos: cfg.Repos, target: cfg.TargetBranch}, log: log.With("loop", "drift")}
 	s.orphans = &orphanLoop{s: s, cfg: orphanConfig{interval: cfg.OrphanInterval, repos: cfg.Repos, lookback: cfg.OrphanLookback, limit: cfg.ScanLimit}, log: log.With("loop", "orphans")}
 	return s
 }
@@ -292,6 +303,11 @@ func (s *Scanner) Run(ctx context.Context) error {
 		{name: "expiry", run: s.expiry.runOnce, every: s.cfg.ExpiryInterval},
 		{name: "cleanup", run: s.cleanup.runOnce, every: s.cfg.CleanupInterval},
 		{name: "orphans", run: s.orphans.runOnce, every: s.cfg.OrphanInterval},
+	}
+	if s.cfg.DriftInterval > 0 {
+		// Each pass takes only the repositories whose check is due (drift_next_at), so
+		// polling more often than the interval costs one small read per repository.
+		loops = append(loops, loopSpec{name: "drift", run: s.drift.runOnce, every: min(s.cfg.DriftInterval, time.Minute)})
 	}
 	s.log.Info("scanner starting", "repos", s.cfg.Repos, "merge_mode", s.cfg.MergeMode,
 		"claim_schedule", s.cfg.ClaimSchedule, "batch_timeout", s.cfg.BatchTimeout,

@@ -238,6 +238,7 @@ func (s *Scanner) settleSucceeded(ctx context.Context, b store.Batch, log *slog.
 	}
 	s.succeeded(ctx, nb, log)
 	log.Info("batch merged", "operations", nb.Size)
+	s.verifyMerged(ctx, nb, log)
 	return nb, nil
 }
 

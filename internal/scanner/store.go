@@ -54,6 +54,10 @@ type Store interface {
 
 	// repository state: GitLab access (access.go)
 	RepoGitLabStateSet(ctx context.Context, repo, state, detail string) error
+	// drift (drift.go)
+	BindingFiles(ctx context.Context, repo string) ([]store.BindingFile, error)
+	RepoDriftReserve(ctx context.Context, repo string, interval time.Duration) (bool, error)
+	RepoDriftRecord(ctx context.Context, repo string, c store.DriftCounts) error
 }
 
 var _ Store = (*store.Store)(nil)

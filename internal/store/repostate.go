@@ -112,3 +112,25 @@ func (s *Store) RepoDriftRecord(ctx context.Context, repo string, c DriftCounts)
 	return translate(err)
 }
 
+// BindingFile is what the repository should hold for one binding of a repository:
+// its status, and for an active binding the grant operation that wrote its file.
+type BindingFile struct {
+	Subject     string        `db:"subject"`
+	Target      string        `db:"target"`
+	Status      BindingStatus `db:"status"`
+	OperationID string        `db:"operation_id"`
+	ExpiresAt   *time.Time    `db:"expires_at"`
+	Attributes  []byte        `db:"attributes"` // the JSON object as stored; nil when none
+}
+
+// BindingFiles lists repo's bindings whose file the repository holds or may hold
+// (active and revoking: held; pending: a grant in flight, may already be merged), with
+// the expiry and attributes of the operation that owns each. A drift check reads it
+// once per interval per repository.
+func (s *Store) BindingFiles(ctx context.Context, repo string) ([]BindingFile, error) {
+	var out []BindingFile
+	err := s.db.SelectContext(ctx, &out, `SELECT b.subject, b.target, b.status, b.operation_id, o.expires_at, o.attributes
+		FROM binding b LEFT JOIN operation o ON o.operation_id = b.operation_id
+		WHERE b.repo = ? AND b.status IN ('active', 'revoking', 'pending')`, repo)
+	return out, translate(err)
+}
