@@ -17,6 +17,7 @@ require (
 	github.com/sethvargo/go-envconfig v1.4.3
 	gitlab.com/gitlab-org/api/client-go v1.46.0
 	go.yaml.in/yaml/v3 v3.0.6
+	golang.org/x/text v0.44.0
 )
 
 require (

@@ -23,6 +23,7 @@ const (
 	codePayloadTooLarge      = "payload_too_large"
 	codeNotFound             = "not_found"
 	codeBindingBusy          = "binding_busy"
+	codeCaseCollision        = "case_collision"
 	codeBindingActive        = "binding_active"
 	codeBindingNotActive     = "binding_not_active"
 	codeStale                = "stale"

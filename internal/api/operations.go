@@ -49,6 +49,19 @@ func (s *Server) handleCreateOperation(w http.ResponseWriter, r *http.Request) e
 		p.Fingerprint = fingerprint(p)
 		p.IdempotencyTTL = s.cfg.IdempotencyTTL
 	}
+	if p.Action == store.ActionGrant {
+		// A file that differs from an active binding's only by letter case would be the
+		// same file on a case-insensitive checkout (macOS, Windows).
+		other, found, err := s.st.BindingCaseCollision(r.Context(), p.Repo, p.Subject, p.Target)
+		if err != nil {
+			return err
+		}
+		if found {
+			return errf(http.StatusConflict, codeCaseCollision,
+				"the file of this binding differs only by letter case from that of %s → %s (%s): case-insensitive checkouts would make them one file",
+				other.Subject, other.Target, other.Status)
+		}
+	}
 	op, created, err := s.st.OperationCreate(r.Context(), p)
 	if err != nil {
 		if errors.Is(err, store.ErrLostRace) {

@@ -31,14 +31,21 @@ type createRequest struct {
 
 // validName enforces the documented charset of subject and target
 // (domain.ValidateName).
+//
+// The name is NFC-normalised first (domain.NormalizeName), and names a git checkout
+// refuses are refused (domain.ValidateCheckoutName).
 func validName(field string, p *string) (string, error) {
 	if p == nil {
 		return "", badRequest("%s is required", field)
 	}
-	if err := domain.ValidateName(field, *p); err != nil {
+	v := domain.NormalizeName(*p)
+	if err := domain.ValidateName(field, v); err != nil {
 		return "", badRequest("%s", err.Error())
 	}
-	return *p, nil
+	if err := domain.ValidateCheckoutName(field, v); err != nil {
+		return "", badRequest("%s", err.Error())
+	}
+	return v, nil
 }
 
 // validPathSegments refuses a subject or target whose binding file cannot be checked
@@ -82,6 +89,10 @@ func canonicalAttributes(raw json.RawMessage) (json.RawMessage, error) {
 	var v map[string]any
 	if err := dec.Decode(&v); err != nil {
 		return nil, badRequest("attributes must be a JSON object")
+	}
+	if d := domain.JSONDepth(v); d > domain.MaxAttributesDepth {
+		// The database refuses such a document (it answered 500 for it).
+		return nil, badRequest("attributes are nested %d levels deep; at most %d are stored", d, domain.MaxAttributesDepth)
 	}
 	if err := domain.CheckAttributeNumbers(v); err != nil {
 		return nil, badRequest("attributes: %v; send it as a string to keep it exact", err)

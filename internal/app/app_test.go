@@ -185,7 +185,7 @@ func TestServeEndToEnd(t *testing.T) {
 				t.Errorf("%s: %s missing on the default branch", repo, p)
 			}
 			if j == 0 {
-				for _, line := range []string{"ticket: 1234567\n", "big: 9007199254740993\n", "ratio: 1.0e+5\n"} {
+				for _, line := range []string{`"ticket": 1234567` + "\n", `"big": 9007199254740993` + "\n", `"ratio": 1.0e+5` + "\n"} {
 					if !strings.Contains(content, line) {
 						t.Errorf("%s lacks %q:\n%s", p, line, content)
 					}

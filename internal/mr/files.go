@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -11,20 +13,13 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// bindingDoc is the YAML document of one binding file (README, "Files written to the repository"). Field order is
-// the order in the file.
-type bindingDoc struct {
-	Subject     string `yaml:"subject"`
-	Target      string `yaml:"target"`
-	OperationID string `yaml:"operation_id"`
-	ExpiresAt   string `yaml:"expires_at,omitempty"`
-}
-
-// bindingDocAttrs is bindingDoc with the operation's free-form attributes.
-type bindingDocAttrs struct {
-	bindingDoc `yaml:",inline"`
-	Attributes map[string]any `yaml:"attributes,omitempty"`
-}
+// The binding file is written node by node, not marshalled from a struct, so that
+// every string — values and attribute keys alike — is double-quoted. yaml.v3 quotes
+// only what YAML 1.2 would read as something else; YAML 1.1 readers (PyYAML, Ruby) read
+// "=" as a value tag (safe_load fails), "<<" as a merge key, "yes"/"on"/"off" as
+// booleans, "1_000" and "1:20" as numbers, and a plain RFC 3339 time as a timestamp. A
+// double-quoted string is a string to every reader (PyYAML safe_load, yaml.v3,
+// js-yaml), exactly as sent. The document's own keys are fixed identifiers, plain.
 
 // BindingYAMLWithAttributes is BindingYAML plus the operation's attributes, a JSON
 // object as the API stored it (omitted when empty or null). Numbers are written as
@@ -32,10 +27,7 @@ type bindingDocAttrs struct {
 // turned a ticket id 1234567 into 1.234567e+06 and 2^53+1 into 2^53. It fails for
 // attributes that are not a JSON object.
 func BindingYAMLWithAttributes(subject, target, operationID string, expiresAt *time.Time, attributes json.RawMessage) (string, error) {
-	doc := bindingDocAttrs{bindingDoc: bindingDoc{Subject: subject, Target: target, OperationID: operationID}}
-	if expiresAt != nil {
-		doc.ExpiresAt = expiresAt.UTC().Format(time.RFC3339)
-	}
+	doc := bindingNode(subject, target, operationID, expiresAt)
 	if t := bytes.TrimSpace(attributes); len(t) > 0 && !bytes.Equal(t, []byte("null")) {
 		dec := json.NewDecoder(bytes.NewReader(t))
 		dec.UseNumber()
@@ -43,8 +35,13 @@ func BindingYAMLWithAttributes(subject, target, operationID string, expiresAt *t
 		if err := dec.Decode(&attrs); err != nil {
 			return "", fmt.Errorf("mr: attributes are not a JSON object: %w", err)
 		}
-		yamlValues(attrs) // in place
-		doc.Attributes = attrs
+		if len(attrs) > 0 {
+			n, err := valueNode(attrs)
+			if err != nil {
+				return "", err
+			}
+			doc.Content = append(doc.Content, plainKey("attributes"), n)
+		}
 	}
 	out, err := marshalYAML(doc)
 	if err != nil {
@@ -53,25 +50,70 @@ func BindingYAMLWithAttributes(subject, target, operationID string, expiresAt *t
 	return fileHeader + out, nil
 }
 
-// CheckAttributeNumber is domain.CheckAttributeNumber (forwarding name; use domain's).
-var CheckAttributeNumber = domain.CheckAttributeNumber
+// bindingNode is the mapping of a binding file without attributes.
+func bindingNode(subject, target, operationID string, expiresAt *time.Time) *yaml.Node {
+	m := &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+	m.Content = append(m.Content,
+		plainKey("subject"), quoted(subject),
+		plainKey("target"), quoted(target),
+		plainKey("operation_id"), quoted(operationID))
+	if expiresAt != nil {
+		m.Content = append(m.Content, plainKey("expires_at"), quoted(expiresAt.UTC().Format(time.RFC3339)))
+	}
+	return m
+}
 
-// yamlValues replaces the json.Numbers in a decoded JSON value with YAML scalars.
-func yamlValues(v any) any {
+func plainKey(k string) *yaml.Node { return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: k} }
+
+// quoted is a string every YAML reader reads back as that string.
+func quoted(s string) *yaml.Node {
+	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s, Style: yaml.DoubleQuotedStyle}
+}
+
+// valueNode turns a JSON value decoded with UseNumber into YAML nodes: strings (and
+// object keys, sorted) double-quoted, numbers as numberNode writes them, true, false
+// and null plain.
+func valueNode(v any) (*yaml.Node, error) {
 	switch x := v.(type) {
 	case map[string]any:
-		for k, e := range x {
-			x[k] = yamlValues(e)
+		m := &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
 		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			n, err := valueNode(x[k])
+			if err != nil {
+				return nil, err
+			}
+			m.Content = append(m.Content, quoted(k), n)
+		}
+		return m, nil
 	case []any:
-		for i, e := range x {
-			x[i] = yamlValues(e)
+		seq := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
+		for _, e := range x {
+			n, err := valueNode(e)
+			if err != nil {
+				return nil, err
+			}
+			seq.Content = append(seq.Content, n)
 		}
+		return seq, nil
+	case string:
+		return quoted(x), nil
 	case json.Number:
-		return numberNode(string(x))
+		return numberNode(string(x)), nil
+	case bool:
+		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: strconv.FormatBool(x)}, nil
+	case nil:
+		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null", Value: "null"}, nil
 	}
-	return v
+	return nil, fmt.Errorf("mr: attributes hold a %T, which JSON does not make", v)
 }
+
+// CheckAttributeNumber is domain.CheckAttributeNumber (forwarding name; use domain's).
+var CheckAttributeNumber = domain.CheckAttributeNumber
 
 // numberNode writes a JSON number as a plain YAML scalar that YAML 1.2 and 1.1
 // readers (PyYAML, Ruby) both read as that number: integers as sent; other numbers
@@ -110,19 +152,13 @@ func marshalYAML(v any) (s string, err error) {
 }
 
 // BindingYAML renders the content of a binding's file: subject, target, operation_id
-// and, when set, expires_at (RFC 3339, UTC). yaml.v3 quotes every value that would
-// otherwise read as another type or break the document ("yes", "123", ": ", "#",
-// leading spaces, newlines), so subjects and targets round-trip exactly.
+// and, when set, expires_at (RFC 3339, UTC), every value double-quoted.
 func BindingYAML(subject, target, operationID string, expiresAt *time.Time) string {
-	doc := bindingDoc{Subject: subject, Target: target, OperationID: operationID}
-	if expiresAt != nil {
-		doc.ExpiresAt = expiresAt.UTC().Format(time.RFC3339)
-	}
-	out, err := yaml.Marshal(doc)
+	out, err := marshalYAML(bindingNode(subject, target, operationID, expiresAt))
 	if err != nil {
-		// Marshalling a struct of strings cannot fail; a panic here is a programming
+		// Marshalling a mapping of strings cannot fail; a panic here is a programming
 		// error, not a runtime condition.
 		panic("mr: rendering binding YAML: " + err.Error())
 	}
-	return fileHeader + string(out)
+	return fileHeader + out
 }

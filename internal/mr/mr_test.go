@@ -741,20 +741,20 @@ func TestBindingYAMLNumbers(t *testing.T) {
 		json, line string
 		want       any // what yaml.v3 reads back
 	}{
-		{`1234567`, `ticket: 1234567`, 1234567},
-		{`9007199254740993`, `ticket: 9007199254740993`, 9007199254740993},
-		{`-42`, `ticket: -42`, -42},
-		{`0.1`, `ticket: 0.1`, 0.1},
-		{`-12.50`, `ticket: -12.50`, -12.5},
-		{`1e5`, `ticket: 1.0e+5`, 1e5},
-		{`1.5E3`, `ticket: 1.5e+3`, 1500.0},
-		{`2.5e-3`, `ticket: 2.5e-3`, 0.0025},
+		{`1234567`, `"ticket": 1234567`, 1234567},
+		{`9007199254740993`, `"ticket": 9007199254740993`, 9007199254740993},
+		{`-42`, `"ticket": -42`, -42},
+		{`0.1`, `"ticket": 0.1`, 0.1},
+		{`-12.50`, `"ticket": -12.50`, -12.5},
+		{`1e5`, `"ticket": 1.0e+5`, 1e5},
+		{`1.5E3`, `"ticket": 1.5e+3`, 1500.0},
+		{`2.5e-3`, `"ticket": 2.5e-3`, 0.0025},
 	} {
 		out, err := mr.BindingYAMLWithAttributes("s", "t", "op", nil, json.RawMessage(`{"ticket":`+c.json+`,"list":[`+c.json+`]}`))
 		if err != nil {
 			t.Fatalf("%s: %v", c.json, err)
 		}
-		if !strings.Contains(out, "    "+c.line+"\n") || !strings.Contains(out, "- "+strings.TrimPrefix(c.line, "ticket: ")+"\n") {
+		if !strings.Contains(out, "    "+c.line+"\n") || !strings.Contains(out, "- "+strings.TrimPrefix(c.line, `"ticket": `)+"\n") {
 			t.Errorf("%s: file lacks %q (also in the list):\n%s", c.json, c.line, out)
 		}
 		var doc struct {
