@@ -59,7 +59,7 @@ check_all() {
   need "promtool checks and unit-tests the alerting rules (deploy/prometheus)" prometheus have promtool
   need "the status page's browser test drives headless Chromium (internal/ui)" chromium have chromium
   need "binding files must read back exactly with a YAML 1.1 reader: PyYAML safe_load (internal/mr)" python3-yaml python3 -c "import yaml"
-  need "binding files must read back exactly with js-yaml (internal/mr)" "nodejs node-js-yaml" node -e "require('js-yaml')"
+  need "binding files must read back exactly with js-yaml (internal/mr; Debian's node-js-yaml lives in /usr/share/nodejs)" "nodejs node-js-yaml" env NODE_PATH=/usr/share/nodejs node -e "require('js-yaml')"
   # ---- end of requirements ----
 }
 

@@ -22,7 +22,7 @@ type preflightGitLab interface {
 }
 
 // preflight asks GitLab who the token is and reads each configured repository once,
-// before serve takes any work (docs/ARCHITECTURE.md, "Start-up preflight"). A token
+// before serve takes any work (README, "Start-up preflight and GitLab refusals"). A token
 // GitLab refuses or a repository it does not show ends serve (exit 2): a replica that
 // starts anyway is ready, claims work and then sits on it until the batch timeout,
 // which is how a revoked token went unnoticed. GitLab unreachable is only a warning:

@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// Git trailers every batch commit carries (docs/ARCHITECTURE.md, "Installation
+// Git trailers every batch commit carries (README, "Installation
 // identity"). An MR found by its branch name is a batch's only when its commits carry
 // both, with this installation's id and the batch's id.
 const (

@@ -1,5 +1,5 @@
 // Package drift compares what a repository's bindings/ tree holds with what the
-// database says it holds (docs/ARCHITECTURE.md, "Drift"). It only detects: repairing
+// database says it holds (README, "Drift: does the repository hold what the database says?"). It only detects: repairing
 // drift (a re-grant, a revoke) is an operator's decision. The scanner's drift loop,
 // the post-merge check and `batcherd verify` share it.
 package drift

@@ -12,8 +12,8 @@ import (
 	"github.com/batcherd/batcherd/internal/store"
 )
 
-// access follows what GitLab answers for each repository (docs/ARCHITECTURE.md,
-// "GitLab refusals"). A 401 or 403 — or a 404 for the project itself — is not the
+// access follows what GitLab answers for each repository (README, "Start-up
+// preflight and GitLab refusals"). A 401 or 403 — or a 404 for the project itself — is not the
 // batch's fault: the token was revoked or lost its access, and an operator is about to
 // fix it. Work for the repository is then held, never failed for it: the loops leave
 // its batches alone except for one probe after a capped exponential backoff, the batch

@@ -14,7 +14,7 @@ import (
 // binary older than schema v5, or by hand): run `batcherd migrate`.
 var ErrNoInstallation = errors.New("the installation id is missing (run 'batcherd migrate')")
 
-// installationCache keeps the id once read: it never changes (docs/ARCHITECTURE.md,
+// installationCache keeps the id once read: it never changes (README,
 // "Installation identity"), so one read per process is enough.
 type installationCache struct {
 	mu sync.Mutex

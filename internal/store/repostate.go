@@ -9,8 +9,8 @@ import (
 	"github.com/jmoiron/sqlx"
 )
 
-// GitLab states of a repository (GET /v1/repos "gitlab"; docs/ARCHITECTURE.md,
-// "GitLab refusals").
+// GitLab states of a repository (GET /v1/repos "gitlab"; README, "Start-up
+// preflight and GitLab refusals").
 const (
 	GitLabOK           = "ok"
 	GitLabUnauthorized = "unauthorized" // 401: GitLab refuses the token
