@@ -24,6 +24,8 @@ import (
 
 	"github.com/batcherd/batcherd/internal/api"
 	"github.com/batcherd/batcherd/internal/store"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // Result is one throughput measurement: a closed loop of Clients workers, each doing
@@ -167,7 +169,7 @@ func Slap(ctx context.Context, d *DB, clients, total int) (Result, error) {
 // (so it also enters the waiting set), with an Idempotency-Key.
 func AdmissionParams(repo, subject string) store.OperationCreateParams {
 	return store.OperationCreateParams{
-		OperationID: uuid.NewString(), Subject: subject, Target: "db/bench", Repo: repo, Action: store.ActionGrant,
+		OperationID: uuid.NewString(), Subject: subject, Target: "db/bench", Repo: repo, Action: domain.ActionGrant,
 		AutoApprove: true, IdempotencyKey: "k-" + subject, Fingerprint: fmt.Sprintf("%064d", 0), IdempotencyTTL: time.Hour,
 		RequestedBy: "bench-requester",
 	}

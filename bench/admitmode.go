@@ -5,6 +5,8 @@ import (
 
 	"github.com/batcherd/batcherd/internal/api"
 	"github.com/batcherd/batcherd/internal/store"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // AdmitMode is how a measurement admits operations. The store has one admission path
@@ -48,7 +50,7 @@ func (m AdmitMode) Options(clients int) store.AdmitOptions {
 }
 
 // Create admits p on st the way m says.
-func (m AdmitMode) Create(ctx context.Context, st *store.Store, p store.OperationCreateParams) (store.Operation, bool, error) {
+func (m AdmitMode) Create(ctx context.Context, st *store.Store, p store.OperationCreateParams) (domain.Operation, bool, error) {
 	if m == AdmitSerial {
 		return st.OperationCreateSerial(ctx, p)
 	}
@@ -68,6 +70,6 @@ func (m AdmitMode) Use(st *store.Store, clients int) api.Store {
 // serialStore is a store whose OperationCreate is the per-request transaction.
 type serialStore struct{ *store.Store }
 
-func (s serialStore) OperationCreate(ctx context.Context, p store.OperationCreateParams) (store.Operation, bool, error) {
+func (s serialStore) OperationCreate(ctx context.Context, p store.OperationCreateParams) (domain.Operation, bool, error) {
 	return s.Store.OperationCreateSerial(ctx, p)
 }

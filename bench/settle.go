@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/batcherd/batcherd/internal/store"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // SettleResult is one settlement of a claimed batch.
@@ -66,9 +68,9 @@ func Settlement(ctx context.Context, d *DB, size int, success bool) (SettleResul
 	if err != nil {
 		return res, err
 	}
-	want := store.OpMerged
+	want := domain.OpMerged
 	if !success {
-		want = store.OpFailed
+		want = domain.OpFailed
 	}
 	n, err := countRows(ctx, raw, "SELECT COUNT(*) FROM operation WHERE batch_id = ? AND status = ?", b.ID, want)
 	res.Moved = int(n)

@@ -20,6 +20,8 @@ import (
 	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 const (
@@ -51,10 +53,10 @@ type fakeSettler struct {
 	ids []int64
 }
 
-func (f *fakeSettler) SettleBatch(ctx context.Context, id int64) (store.Batch, error) {
+func (f *fakeSettler) SettleBatch(ctx context.Context, id int64) (domain.Batch, error) {
 	f.ids = append(f.ids, id)
 	if f.err != nil {
-		return store.Batch{}, f.err
+		return domain.Batch{}, f.err
 	}
 	b, err := f.st.BatchGet(ctx, id)
 	b.OperationIDs = nil // the API must fill them itself
@@ -511,7 +513,7 @@ func TestBatchesRoundsSettleWebhook(t *testing.T) {
 		t.Fatalf("webhook: %d %s due=%v kicks=%d", r.status, r.raw, due(), e.kicks.Load())
 	}
 	// The payload is never trusted as state: "merged" in it changed nothing else.
-	if bb, _ := e.st.BatchGet(ctx, res2.BatchID); bb.Status != store.BatchRunning {
+	if bb, _ := e.st.BatchGet(ctx, res2.BatchID); bb.Status != domain.BatchRunning {
 		t.Fatalf("webhook changed the batch status to %v", bb.Status)
 	}
 	if r := hook(hookSecret, "batcherd/batch-999999"); r.status != 204 {

@@ -6,6 +6,8 @@ import (
 
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/wire"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 const (
@@ -33,7 +35,7 @@ func (s *Server) handleListBatches(w http.ResponseWriter, r *http.Request) error
 	q := r.URL.Query()
 	f := store.BatchFilter{Repo: q.Get("repo")}
 	if v := q.Get("status"); v != "" {
-		st, ok := store.ParseBatchStatus(v)
+		st, ok := domain.ParseBatchStatus(v)
 		if !ok {
 			return badRequest("status must be one of running, blocked, succeeded, failed; got %q", v)
 		}

@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/batcherd/batcherd/internal/store"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // How often a scrape reads the database. Several Prometheus servers (or a fast scrape
@@ -128,15 +130,15 @@ type dbCollector struct {
 
 	mu         sync.Mutex
 	at         time.Time
-	live       map[store.OpStatus]int64 // nil: the last live sample failed
+	live       map[domain.OpStatus]int64 // nil: the last live sample failed
 	waiting    []store.RepoWaiting
 	expired    int64
 	paused     map[string]store.RepoControl
 	liveFailed bool
 	strays     []store.Stray // from the history sample; nil: none counted yet
 
-	historyAt      time.Time                // when the last count started
-	history        map[store.OpStatus]int64 // nil: no count yet, or the last one failed
+	historyAt      time.Time                 // when the last count started
+	history        map[domain.OpStatus]int64 // nil: no count yet, or the last one failed
 	historyFailed  bool
 	historyRunning chan struct{} // closed when the count in flight ends; nil: none
 }
@@ -182,7 +184,7 @@ func (c *dbCollector) Collect(ch chan<- prometheus.Metric) {
 		failed = 1
 	}
 	ch <- prometheus.MustNewConstMetric(c.errDesc, prometheus.GaugeValue, failed)
-	for _, counts := range []map[store.OpStatus]int64{c.live, c.history} {
+	for _, counts := range []map[domain.OpStatus]int64{c.live, c.history} {
 		for st, n := range counts {
 			ch <- prometheus.MustNewConstMetric(c.opsDesc, prometheus.GaugeValue, float64(n), string(st))
 		}
@@ -252,7 +254,7 @@ func (c *dbCollector) sampleLive() {
 	ctx, cancel := context.WithTimeout(c.s.bg, dbSampleTimeout)
 	defer cancel()
 	c.at = time.Now()
-	counts, err1 := c.s.st.OperationCounts(ctx, store.LiveOpStatuses...)
+	counts, err1 := c.s.st.OperationCounts(ctx, domain.LiveOpStatuses...)
 	waiting, err2 := c.s.st.WaitingStats(ctx)
 	expired, err3 := c.s.st.BindingsExpiredActive(ctx)
 	paused, err4 := c.s.st.RepoControls(ctx, c.s.cfg.Repos)
@@ -271,7 +273,7 @@ func (c *dbCollector) sampleHistory(done chan struct{}, timeout time.Duration) {
 	defer close(done)
 	ctx, cancel := context.WithTimeout(c.s.bg, timeout)
 	defer cancel()
-	counts, err := c.s.st.OperationCounts(ctx, store.FinishedOpStatuses...)
+	counts, err := c.s.st.OperationCounts(ctx, domain.FinishedOpStatuses...)
 	// Strays read the whole waiting set: sampled on this slow clock, not the live one.
 	strays, serr := c.s.st.WaitingStrays(ctx, 1000)
 	if serr == nil && len(strays) > 0 {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/wire"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // handleCreateOperation is admission: POST /v1/operations.
@@ -49,7 +51,7 @@ func (s *Server) handleCreateOperation(w http.ResponseWriter, r *http.Request) e
 		p.Fingerprint = fingerprint(p)
 		p.IdempotencyTTL = s.cfg.IdempotencyTTL
 	}
-	if p.Action == store.ActionGrant {
+	if p.Action == domain.ActionGrant {
 		// A file that differs from an active binding's only by letter case would be the
 		// same file on a case-insensitive checkout (macOS, Windows).
 		other, found, err := s.st.BindingCaseCollision(r.Context(), p.Repo, p.Subject, p.Target)
@@ -97,9 +99,9 @@ func (s *Server) validateCreate(req createRequest) (store.OperationCreateParams,
 	if req.Action == nil {
 		return p, badRequest("action is required: grant or revoke")
 	}
-	switch store.Action(*req.Action) {
-	case store.ActionGrant, store.ActionRevoke:
-		p.Action = store.Action(*req.Action)
+	switch domain.Action(*req.Action) {
+	case domain.ActionGrant, domain.ActionRevoke:
+		p.Action = domain.Action(*req.Action)
 	default:
 		return p, badRequest("action must be grant or revoke, got %q", *req.Action)
 	}
@@ -113,17 +115,17 @@ func (s *Server) validateCreate(req createRequest) (store.OperationCreateParams,
 	if p.ExpiresAt, err = parseExpiresAt(req.ExpiresAt); err != nil {
 		return p, err
 	}
-	if p.ExpiresAt != nil && p.Action != store.ActionGrant {
+	if p.ExpiresAt != nil && p.Action != domain.ActionGrant {
 		return p, badRequest("expires_at applies to grants only")
 	}
 	if p.Attributes, err = canonicalAttributes(req.Attributes); err != nil {
 		return p, err
 	}
-	p.Priority = store.PriorityNormal
+	p.Priority = domain.PriorityNormal
 	if req.Priority != nil {
-		switch store.Priority(*req.Priority) {
-		case store.PriorityNormal, store.PriorityUrgent:
-			p.Priority = store.Priority(*req.Priority)
+		switch domain.Priority(*req.Priority) {
+		case domain.PriorityNormal, domain.PriorityUrgent:
+			p.Priority = domain.Priority(*req.Priority)
 		default:
 			return p, badRequest("priority must be normal or urgent, got %q", *req.Priority)
 		}
@@ -161,7 +163,7 @@ func (s *Server) handleGetOperation(w http.ResponseWriter, r *http.Request) erro
 // handleApprove approves as the calling principal; four eyes (unless
 // AllowSelfApproval) refuses the requester with 403 self_approval, changing nothing.
 func (s *Server) handleApprove(w http.ResponseWriter, r *http.Request) error {
-	return s.decide(w, r, func(ctx context.Context, id string) (store.Operation, error) {
+	return s.decide(w, r, func(ctx context.Context, id string) (domain.Operation, error) {
 		op, err := s.st.OperationApproveBy(ctx, id, principal(r).Name, !s.cfg.AllowSelfApproval)
 		if err != nil {
 			return op, err
@@ -171,20 +173,20 @@ func (s *Server) handleApprove(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) handleReject(w http.ResponseWriter, r *http.Request) error {
-	return s.decide(w, r, func(ctx context.Context, id string) (store.Operation, error) {
+	return s.decide(w, r, func(ctx context.Context, id string) (domain.Operation, error) {
 		return s.st.OperationRejectBy(ctx, id, principal(r).Name)
 	})
 }
 
 func (s *Server) handleRetry(w http.ResponseWriter, r *http.Request) error {
-	return s.decide(w, r, func(ctx context.Context, id string) (store.Operation, error) {
+	return s.decide(w, r, func(ctx context.Context, id string) (domain.Operation, error) {
 		return s.st.OperationRetryBy(ctx, id, principal(r).Name)
 	})
 }
 
 // decide runs approve, reject or retry. They take no body; one sent is read (bounded)
 // and ignored, so an approval flow that posts a comment is not refused.
-func (s *Server) decide(w http.ResponseWriter, r *http.Request, fn func(context.Context, string) (store.Operation, error)) error {
+func (s *Server) decide(w http.ResponseWriter, r *http.Request, fn func(context.Context, string) (domain.Operation, error)) error {
 	id, err := opID(r)
 	if err != nil {
 		return err
@@ -220,7 +222,7 @@ func (s *Server) handleOperationEvents(w http.ResponseWriter, r *http.Request) e
 }
 
 // writeOperation renders {"operation":{…}} with the MR URL of its batch, if any.
-func (s *Server) writeOperation(ctx context.Context, w http.ResponseWriter, status int, op store.Operation) error {
+func (s *Server) writeOperation(ctx context.Context, w http.ResponseWriter, status int, op domain.Operation) error {
 	mrURL := ""
 	if op.BatchID != nil {
 		u, err := s.st.BatchMRURL(ctx, *op.BatchID)

@@ -14,6 +14,8 @@ import (
 
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/wire"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // actor names who made a request (its principal), for the records that say who
@@ -68,8 +70,8 @@ func (s *Server) handleWithdraw(w http.ResponseWriter, r *http.Request) error {
 // a held slot is answered slot_occupied, and the replica that settles that batch
 // claims the urgent work next (its follow-up round). Its outcome never fails the
 // approval, which has committed: the scheduled round is the backstop.
-func (s *Server) urgentRound(ctx context.Context, op store.Operation) store.Operation {
-	if s.rounds == nil || op.Priority != store.PriorityUrgent || op.Status != store.OpQueued {
+func (s *Server) urgentRound(ctx context.Context, op domain.Operation) domain.Operation {
+	if s.rounds == nil || op.Priority != domain.PriorityUrgent || op.Status != domain.OpQueued {
 		return op
 	}
 	var res store.ClaimResult

@@ -5,6 +5,8 @@ import (
 
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/wire"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // The JSON objects live in internal/wire, shared with the test client.
@@ -33,7 +35,7 @@ func errObj(code, msg string) *wire.Error {
 	return &wire.Error{Code: code, Message: msg}
 }
 
-func renderOperation(op store.Operation, mrURL string) wire.Operation {
+func renderOperation(op domain.Operation, mrURL string) wire.Operation {
 	return wire.Operation{
 		ID: op.OperationID, Subject: op.Subject, Target: op.Target, Repo: op.Repo,
 		Action: string(op.Action), Status: string(op.Status), Priority: string(op.Priority), BatchID: op.BatchID,
@@ -44,7 +46,7 @@ func renderOperation(op store.Operation, mrURL string) wire.Operation {
 	}
 }
 
-func renderBinding(b store.Binding) wire.Binding {
+func renderBinding(b domain.Binding) wire.Binding {
 	return wire.Binding{
 		Subject: b.Subject, Target: b.Target, Repo: b.Repo, Status: string(b.Status),
 		OperationID: b.OperationID, ExpiresAt: tsPtr(b.ExpiresAt),
@@ -52,7 +54,7 @@ func renderBinding(b store.Binding) wire.Binding {
 	}
 }
 
-func renderBatch(b store.Batch) wire.Batch {
+func renderBatch(b domain.Batch) wire.Batch {
 	ids := b.OperationIDs
 	if ids == nil {
 		ids = []string{}

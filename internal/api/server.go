@@ -28,6 +28,8 @@ import (
 	"github.com/batcherd/batcherd/internal/auth"
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/ui"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // Defaults for zero Config fields.
@@ -73,7 +75,7 @@ type Rounds interface {
 
 // Settler runs close-then-reread settlement of one batch now.
 type Settler interface {
-	SettleBatch(ctx context.Context, id int64) (store.Batch, error)
+	SettleBatch(ctx context.Context, id int64) (domain.Batch, error)
 }
 
 // Deps are the API's collaborators.

@@ -132,7 +132,7 @@ func fingerprint(p store.OperationCreateParams) string {
 		// before priorities existed, so keys stored by an older version still match.
 		Priority string `json:"priority,omitempty"`
 	}{Subject: p.Subject, Target: p.Target, Action: string(p.Action), Repo: p.Repo, Attributes: p.Attributes}
-	if p.Priority == store.PriorityUrgent {
+	if p.Priority == domain.PriorityUrgent {
 		c.Priority = string(p.Priority)
 	}
 	if p.ExpiresAt != nil {

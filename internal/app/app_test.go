@@ -18,10 +18,11 @@ import (
 	"github.com/batcherd/batcherd/internal/app"
 	"github.com/batcherd/batcherd/internal/config"
 	"github.com/batcherd/batcherd/internal/logging"
-	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/scanner"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 const (
@@ -179,7 +180,7 @@ func TestServeEndToEnd(t *testing.T) {
 	for i, repo := range repos {
 		files := sim.Files(repo)
 		for j := i; j < n; j += 2 {
-			p := mr.BindingPath(fmt.Sprintf("user-%d", j), "db/prod")
+			p := domain.BindingPath(fmt.Sprintf("user-%d", j), "db/prod")
 			content, ok := files[p]
 			if !ok {
 				t.Errorf("%s: %s missing on the default branch", repo, p)

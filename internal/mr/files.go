@@ -112,9 +112,6 @@ func valueNode(v any) (*yaml.Node, error) {
 	return nil, fmt.Errorf("mr: attributes hold a %T, which JSON does not make", v)
 }
 
-// CheckAttributeNumber is domain.CheckAttributeNumber (forwarding name; use domain's).
-var CheckAttributeNumber = domain.CheckAttributeNumber
-
 // numberNode writes a JSON number as a plain YAML scalar that YAML 1.2 and 1.1
 // readers (PyYAML, Ruby) both read as that number: integers as sent; other numbers
 // with their digits as sent, but with a decimal point and a signed exponent, because

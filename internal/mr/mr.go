@@ -192,12 +192,3 @@ func ClassOf(err error) Class {
 	}
 	return ClassNone
 }
-
-// Forwarding names of the naming rules, which live in internal/domain: use domain's.
-var (
-	BindingPath         = domain.BindingPath
-	BindingPathSegments = domain.BindingPathSegments
-)
-
-// MaxPathSegmentBytes is domain.MaxPathSegmentBytes (forwarding name).
-const MaxPathSegmentBytes = domain.MaxPathSegmentBytes

@@ -92,7 +92,7 @@ func publish(t *testing.T, c *mr.Client, batch int64, files []mr.FileAction) (mr
 }
 
 func grant(subject, target string) mr.FileAction {
-	return mr.FileAction{Path: mr.BindingPath(subject, target), Content: mr.BindingYAML(subject, target, "op-"+subject, nil)}
+	return mr.FileAction{Path: domain.BindingPath(subject, target), Content: mr.BindingYAML(subject, target, "op-"+subject, nil)}
 }
 
 func TestHappyPathPublishAndAutoMerge(t *testing.T) {
@@ -127,15 +127,15 @@ func TestHappyPathPublishAndAutoMerge(t *testing.T) {
 		t.Fatalf("MR did not merge when its pipeline succeeded: %+v", got)
 	}
 	files := sim.Files(proj)
-	if files[mr.BindingPath("alice", "db")] == "" || files[mr.BindingPath("bob", "db")] == "" {
+	if files[domain.BindingPath("alice", "db")] == "" || files[domain.BindingPath("bob", "db")] == "" {
 		t.Fatalf("default branch lacks the batch's files: %v", files)
 	}
 
 	// Second batch: update one file, delete another, delete one that never existed.
 	m2, sha2 := publish(t, c, 2, []mr.FileAction{
-		{Path: mr.BindingPath("alice", "db"), Content: "updated\n"},
-		{Path: mr.BindingPath("bob", "db"), Delete: true},
-		{Path: mr.BindingPath("carol", "db"), Delete: true},
+		{Path: domain.BindingPath("alice", "db"), Content: "updated\n"},
+		{Path: domain.BindingPath("bob", "db"), Delete: true},
+		{Path: domain.BindingPath("carol", "db"), Delete: true},
 	})
 	if sim.CommitCount(proj, "batcherd/batch-2") != 1 {
 		t.Fatalf("want one commit on batch-2, got %d", sim.CommitCount(proj, "batcherd/batch-2"))
@@ -148,10 +148,10 @@ func TestHappyPathPublishAndAutoMerge(t *testing.T) {
 		t.Fatalf("merge: %+v", merged)
 	}
 	files = sim.Files(proj)
-	if files[mr.BindingPath("alice", "db")] != "updated\n" {
-		t.Fatalf("update did not land: %q", files[mr.BindingPath("alice", "db")])
+	if files[domain.BindingPath("alice", "db")] != "updated\n" {
+		t.Fatalf("update did not land: %q", files[domain.BindingPath("alice", "db")])
 	}
-	if _, ok := files[mr.BindingPath("bob", "db")]; ok {
+	if _, ok := files[domain.BindingPath("bob", "db")]; ok {
 		t.Fatal("delete did not land")
 	}
 }
@@ -346,7 +346,7 @@ func TestCloseThenRereadMergedWins(t *testing.T) {
 		t.Fatalf("second close: %+v", again)
 	}
 	// An armed MR must not merge after it was closed.
-	if _, ok := sim.Files(proj)[mr.BindingPath("bob", "db")]; ok {
+	if _, ok := sim.Files(proj)[domain.BindingPath("bob", "db")]; ok {
 		t.Fatal("closed MR's file reached the default branch")
 	}
 }
@@ -415,7 +415,7 @@ func TestPathEscaping(t *testing.T) {
 	}
 	var files []mr.FileAction
 	for i, cs := range cases {
-		p := mr.BindingPath(cs[0], cs[1])
+		p := domain.BindingPath(cs[0], cs[1])
 		if strings.Count(p, "/") != 2 {
 			t.Fatalf("%q/%q → %q: '/' was not escaped", cs[0], cs[1], p)
 		}
@@ -431,7 +431,7 @@ func TestPathEscaping(t *testing.T) {
 	must(c.Merge(ctx(t), proj, m.IID, sha))
 	got := sim.Files(proj)
 	for i, cs := range cases {
-		content, ok := got[mr.BindingPath(cs[0], cs[1])]
+		content, ok := got[domain.BindingPath(cs[0], cs[1])]
 		if !ok {
 			t.Fatalf("file for %q/%q missing; have %v", cs[0], cs[1], got)
 		}
@@ -769,7 +769,7 @@ func TestBindingYAMLNumbers(t *testing.T) {
 	}
 	for n, ok := range map[string]bool{"1234567": true, "9223372036854775807": true, "9223372036854775808": false,
 		"-9223372036854775809": false, "1e308": true, "1e999": false, "-1e999": false, "0.5": true, "1e-999": true} {
-		if err := mr.CheckAttributeNumber(json.Number(n)); (err == nil) != ok {
+		if err := domain.CheckAttributeNumber(json.Number(n)); (err == nil) != ok {
 			t.Errorf("CheckAttributeNumber(%s) = %v, want ok=%v", n, err, ok)
 		}
 	}
@@ -847,7 +847,7 @@ func TestFindMRAdoptsOnlyMRsCarryingTheBatchTrailers(t *testing.T) {
 func TestRevokeDeleteIsConfirmedAgainstTheFile(t *testing.T) {
 	sim, c := setup(t, gitlabsim.Options{})
 	content := "subject: alice\n"
-	path := mr.BindingPath("alice", "db/prod")
+	path := domain.BindingPath("alice", "db/prod")
 	if _, err := sim.PushToDefault(proj, map[string]*string{path: &content}, "an active grant"); err != nil {
 		t.Fatal(err)
 	}
@@ -880,7 +880,7 @@ func TestRevokeDeleteIsConfirmedAgainstTheFile(t *testing.T) {
 	if err := c.EnsureBranch(ctx(t), proj, "batcherd/batch-60", "main"); err != nil {
 		t.Fatal(err)
 	}
-	absent := mr.BindingPath("bob", "db/prod")
+	absent := domain.BindingPath("bob", "db/prod")
 	if got, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-60", 60, "revoke", []mr.FileAction{{Path: absent, Delete: true}}); err != nil || !got.Empty {
 		t.Fatalf("delete of a file that is not there: %+v %v, want Empty", got, err)
 	}

@@ -12,10 +12,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // TestManualAndScheduledRoundSameInstant: the admin trigger on one replica and the
@@ -53,7 +54,7 @@ func TestManualAndScheduledRoundSameInstant(t *testing.T) {
 			t.Fatalf("round %d: batch %+v %v, want %d members", i, bt, err, len(ids))
 		}
 		// Free the slot for the next round.
-		if bt, err := a.SettleBatch(ctx, id); err != nil || bt.Status != store.BatchFailed {
+		if bt, err := a.SettleBatch(ctx, id); err != nil || bt.Status != domain.BatchFailed {
 			t.Fatalf("settle: %+v %v", bt, err)
 		}
 	}
@@ -211,9 +212,9 @@ func TestChaos(t *testing.T) {
 	var merged, failed int
 	for id, op := range ops {
 		switch op.Status {
-		case store.OpMerged:
+		case domain.OpMerged:
 			merged++
-		case store.OpFailed:
+		case domain.OpFailed:
 			failed++
 			if op.ErrorCode == "" {
 				t.Errorf("operation %s failed without a reason", id)
@@ -222,23 +223,23 @@ func TestChaos(t *testing.T) {
 			t.Errorf("operation %s is %s", id, op.Status)
 		}
 	}
-	byRepo := map[string]map[string]store.Operation{}
+	byRepo := map[string]map[string]domain.Operation{}
 	for id, op := range ops {
 		if byRepo[op.Repo] == nil {
-			byRepo[op.Repo] = map[string]store.Operation{}
+			byRepo[op.Repo] = map[string]domain.Operation{}
 		}
 		byRepo[op.Repo][id] = op
 	}
 	for _, r := range repos {
 		files := e.sim.Files(r)
 		for id, op := range byRepo[r] {
-			content, ok := files[mr.BindingPath(op.Subject, op.Target)]
+			content, ok := files[domain.BindingPath(op.Subject, op.Target)]
 			switch op.Status {
-			case store.OpMerged:
+			case domain.OpMerged:
 				if !ok || !strings.Contains(content, id) {
 					t.Errorf("%s: merged operation %s has no file on main", r, id)
 				}
-			case store.OpFailed:
+			case domain.OpFailed:
 				if ok {
 					t.Errorf("%s: failed operation %s has its file on main (merged behind a FAILED batch)", r, id)
 				}
@@ -260,12 +261,12 @@ func TestChaos(t *testing.T) {
 	for _, b := range batches {
 		mrs := e.mrsOf(b.Repo, b.ID)
 		switch b.Status {
-		case store.BatchSucceeded:
+		case domain.BatchSucceeded:
 			succeeded++
 			if len(mrs) != 1 || mrs[0].State != "merged" {
 				t.Errorf("succeeded batch %d: MRs %+v", b.ID, mrs)
 			}
-		case store.BatchFailed:
+		case domain.BatchFailed:
 			failedBatches++
 			for _, m := range mrs {
 				if m.State != "closed" {

@@ -11,6 +11,8 @@ import (
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // crashAt returns a test hook that cancels the work context right after step: every
@@ -86,13 +88,13 @@ func TestCrashAtEveryPublishStep(t *testing.T) {
 				id = r.BatchID
 			}
 			bt := e.drive(b, id, 15*time.Second)
-			if bt.Status != store.BatchSucceeded {
+			if bt.Status != domain.BatchSucceeded {
 				t.Fatalf("batch %s (%s: %s), want succeeded", bt.Status, bt.ErrorCode, bt.ErrorMessage)
 			}
 			if len(bt.OperationIDs) != len(ids) {
 				t.Errorf("batch has %d members, want %d", len(bt.OperationIDs), len(ids))
 			}
-			e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+			e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
 			if mrs := e.mrsOf(repo, id); len(mrs) != 1 || mrs[0].State != "merged" {
 				t.Errorf("MRs of the batch branch: %+v, want exactly one, merged", mrs)
 			}
@@ -153,10 +155,10 @@ func TestLostAnswers(t *testing.T) {
 			if e.sim.FaultApplied(fid) != 1 {
 				t.Fatalf("fault on %s %s never applied", r.method, r.route)
 			}
-			if b.Status != store.BatchSucceeded {
+			if b.Status != domain.BatchSucceeded {
 				t.Fatalf("batch %s (%s: %s)", b.Status, b.ErrorCode, b.ErrorMessage)
 			}
-			e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+			e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
 			if mrs := e.mrsOf(repo, b.ID); len(mrs) != 1 {
 				t.Errorf("%d MRs for the branch, want 1", len(mrs))
 			}
@@ -185,10 +187,10 @@ func TestLostCloseAnswer(t *testing.T) {
 	if e.sim.FaultApplied(fid) != 1 {
 		t.Fatal("close fault never applied")
 	}
-	if b.Status != store.BatchFailed || b.ErrorCode != CodeTimeout {
+	if b.Status != domain.BatchFailed || b.ErrorCode != string(domain.ClassTimeout) {
 		t.Fatalf("batch %s %s, want failed timeout", b.Status, b.ErrorCode)
 	}
-	e.requireOps(ids, store.OpFailed)
+	e.requireOps(ids, domain.OpFailed)
 	if mrs := e.mrsOf(repo, b.ID); len(mrs) != 1 || mrs[0].State != "closed" {
 		t.Errorf("MRs %+v, want one closed", mrs)
 	}
@@ -233,10 +235,10 @@ func TestCrashAtEverySettleStep(t *testing.T) {
 			bt := e.drive(b, res.BatchID, 15*time.Second)
 			// Crashed after the close: the class recorded before closing says batcherd
 			// closed it, so the resumed settle is still a timeout, not closed_by_user.
-			if bt.Status != store.BatchFailed || bt.ErrorCode != CodeTimeout {
+			if bt.Status != domain.BatchFailed || bt.ErrorCode != string(domain.ClassTimeout) {
 				t.Fatalf("batch %s %s, want failed timeout", bt.Status, bt.ErrorCode)
 			}
-			e.requireFiles(repo, e.requireOps(ids, store.OpFailed), false)
+			e.requireFiles(repo, e.requireOps(ids, domain.OpFailed), false)
 			if mrs := e.mrsOf(repo, res.BatchID); len(mrs) != 1 || mrs[0].State != "closed" {
 				t.Errorf("MRs of the batch branch: %+v, want exactly one, closed", mrs)
 			}
@@ -276,10 +278,10 @@ func TestHumanMergeWhileTimeoutCloses(t *testing.T) {
 				t.Fatal("the human never merged")
 			}
 			b, _ = e.st.BatchGet(bg, res.BatchID)
-			if b.Status != store.BatchSucceeded {
+			if b.Status != domain.BatchSucceeded {
 				t.Fatalf("batch %s (%s), want succeeded: merged wins", b.Status, b.ErrorCode)
 			}
-			e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+			e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
 		})
 	}
 }
@@ -326,7 +328,7 @@ func TestStalePublisherIsFenced(t *testing.T) {
 				}
 			}
 			b, err := op.SettleBatch(bg, res.BatchID)
-			if err != nil || b.Status != store.BatchFailed || b.ErrorCode != CodeManualSettle {
+			if err != nil || b.Status != domain.BatchFailed || b.ErrorCode != string(domain.ClassManual) {
 				t.Fatalf("SettleBatch: %+v %v", b, err)
 			}
 			close(resume)
@@ -335,7 +337,7 @@ func TestStalePublisherIsFenced(t *testing.T) {
 			}
 
 			b, _ = e.st.BatchGet(bg, res.BatchID)
-			if b.Status != store.BatchFailed {
+			if b.Status != domain.BatchFailed {
 				t.Fatalf("batch %s, want failed", b.Status)
 			}
 			for _, m := range e.mrsOf(repo, res.BatchID) {
@@ -348,7 +350,7 @@ func TestStalePublisherIsFenced(t *testing.T) {
 			} else if opened := step == "publish.renewed" || step == "publish.mr"; !opened && n != 0 {
 				t.Errorf("an MR was opened for batch %d after it had failed, by a publisher stalled at %s", res.BatchID, step)
 			}
-			e.requireFiles(repo, e.requireOps(ids, store.OpFailed), false)
+			e.requireFiles(repo, e.requireOps(ids, domain.OpFailed), false)
 		})
 	}
 }
@@ -360,7 +362,7 @@ func TestOrphanSweep(t *testing.T) {
 	s := e.scanner("a", func(c *Config) { c.MergeMode = MergeManual })
 	bg := context.Background()
 
-	publishOne := func() (store.Batch, []string) {
+	publishOne := func() (domain.Batch, []string) {
 		ids := storetest.InsertQueuedOps(t, e.st, repo, 2)
 		res, err := s.RunRound(bg, repo)
 		if err != nil || res.Outcome != store.ClaimClaimed {
@@ -374,7 +376,7 @@ func TestOrphanSweep(t *testing.T) {
 	}
 	// Fail each batch in the database only, leaving its MR open, as a publisher that
 	// lost to a settler before the settler could see its MR would.
-	failInDBOnly := func(b store.Batch) store.Batch {
+	failInDBOnly := func(b domain.Batch) domain.Batch {
 		fb, err := e.st.BatchSettleFailed(bg, b.ID, b.Status, b.Version, "test", "failed behind an open MR")
 		if err != nil {
 			t.Fatal(err)
@@ -400,12 +402,12 @@ func TestOrphanSweep(t *testing.T) {
 	if m, _ := e.sim.MR(repo, *b1.MRIID); m.State != "closed" {
 		t.Errorf("orphan MR of a failed batch is %s, want closed", m.State)
 	}
-	e.requireOps(ids1, store.OpFailed)
+	e.requireOps(ids1, domain.OpFailed)
 	got, _ := e.st.BatchGet(bg, b2.ID)
-	if got.Status != store.BatchSucceeded {
+	if got.Status != domain.BatchSucceeded {
 		t.Errorf("failed batch whose MR merged is %s, want succeeded", got.Status)
 	}
-	e.requireFiles(repo, e.requireOps(ids2, store.OpMerged), true)
+	e.requireFiles(repo, e.requireOps(ids2, domain.OpMerged), true)
 	var n int
 	if err := e.st.DB().Get(&n, "SELECT COUNT(*) FROM audit_event WHERE batch_id = ? AND code = 'merged_after_failed'", b2.ID); err != nil || n != 1 {
 		t.Errorf("merged_after_failed events: %d %v", n, err)
@@ -432,15 +434,15 @@ func TestSettleBatchAdmin(t *testing.T) {
 	res, _ := s.RunRound(bg, repo)
 	_ = s.publish.runOnce(bg)
 	b, err := s.SettleBatch(bg, res.BatchID)
-	if err != nil || b.Status != store.BatchFailed || len(b.OperationIDs) != 2 {
+	if err != nil || b.Status != domain.BatchFailed || len(b.OperationIDs) != 2 {
 		t.Fatalf("SettleBatch = %+v, %v", b, err)
 	}
 	if m, _ := e.sim.MR(repo, *b.MRIID); m.State != "closed" {
 		t.Errorf("MR %s after admin settle", m.State)
 	}
-	e.requireOps(ids, store.OpFailed)
+	e.requireOps(ids, domain.OpFailed)
 	again, err := s.SettleBatch(bg, res.BatchID)
-	if err != nil || again.Status != store.BatchFailed || again.Version != b.Version {
+	if err != nil || again.Status != domain.BatchFailed || again.Version != b.Version {
 		t.Errorf("second SettleBatch changed something: %+v %v", again, err)
 	}
 	if _, err := s.SettleBatch(bg, 987654); err == nil {
@@ -471,7 +473,7 @@ func TestStalePublisherAfterSuccess(t *testing.T) {
 	<-paused
 	time.Sleep(400 * time.Millisecond) // a's publish lease lapses
 	b := e.drive(e.scanner("b", nil), res.BatchID, 10*time.Second)
-	if b.Status != store.BatchSucceeded {
+	if b.Status != domain.BatchSucceeded {
 		t.Fatalf("batch %s", b.Status)
 	}
 	close(resume)
@@ -479,11 +481,11 @@ func TestStalePublisherAfterSuccess(t *testing.T) {
 		t.Fatalf("stale publish pass: %v", err)
 	}
 	b, _ = e.st.BatchGet(bg, res.BatchID)
-	if b.Status != store.BatchSucceeded {
+	if b.Status != domain.BatchSucceeded {
 		t.Fatalf("batch %s after the stale publisher woke", b.Status)
 	}
 	if mrs := e.mrsOf(repo, res.BatchID); len(mrs) != 1 || mrs[0].State != "merged" {
 		t.Errorf("MRs %+v, want one merged", mrs)
 	}
-	e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+	e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
 }

@@ -114,16 +114,16 @@ func TestBlockReasonAndClass(t *testing.T) {
 		class domain.FailureClass
 	}{
 		{"mergeable", mr.MergeRequest{SHA: "aaaa", PipelineStatus: "running", DetailedMergeStatus: "ci_still_running"}, "", ""},
-		{"test failure", mr.MergeRequest{SHA: "aaaa", PipelineStatus: "failed", FailureReason: "script_failure"}, CodePipelineFailed, ClassTest},
-		{"runner failure", mr.MergeRequest{SHA: "aaaa", PipelineStatus: "failed", FailureReason: "runner_system_failure"}, CodePipelineFailed, ClassInfra},
-		{"no reason", mr.MergeRequest{SHA: "aaaa", PipelineStatus: "failed"}, CodePipelineFailed, ClassUnknown},
-		{"canceled", mr.MergeRequest{SHA: "aaaa", PipelineStatus: "canceled"}, CodePipelineFailed, ClassInfra},
-		{"conflict", mr.MergeRequest{SHA: "aaaa", HasConflicts: true}, CodeMergeConflict, ClassConflict},
-		{"conflict status", mr.MergeRequest{SHA: "aaaa", DetailedMergeStatus: "conflict"}, CodeMergeConflict, ClassConflict},
-		{"need rebase", mr.MergeRequest{SHA: "aaaa", DetailedMergeStatus: "need_rebase"}, CodeNeedRebase, ClassConflict},
+		{"test failure", mr.MergeRequest{SHA: "aaaa", PipelineStatus: "failed", FailureReason: "script_failure"}, domain.BlockPipelineFailed, domain.ClassTest},
+		{"runner failure", mr.MergeRequest{SHA: "aaaa", PipelineStatus: "failed", FailureReason: "runner_system_failure"}, domain.BlockPipelineFailed, domain.ClassInfra},
+		{"no reason", mr.MergeRequest{SHA: "aaaa", PipelineStatus: "failed"}, domain.BlockPipelineFailed, domain.ClassUnknown},
+		{"canceled", mr.MergeRequest{SHA: "aaaa", PipelineStatus: "canceled"}, domain.BlockPipelineFailed, domain.ClassInfra},
+		{"conflict", mr.MergeRequest{SHA: "aaaa", HasConflicts: true}, domain.BlockMergeConflict, domain.ClassConflict},
+		{"conflict status", mr.MergeRequest{SHA: "aaaa", DetailedMergeStatus: "conflict"}, domain.BlockMergeConflict, domain.ClassConflict},
+		{"need rebase", mr.MergeRequest{SHA: "aaaa", DetailedMergeStatus: "need_rebase"}, domain.BlockNeedRebase, domain.ClassConflict},
 		// Someone pushed to the batch branch: their pipeline and conflicts are not the
 		// members' fault, so it blocks for an operator whatever else is wrong.
-		{"head moved", mr.MergeRequest{SHA: "bbbb", PipelineStatus: "failed", FailureReason: "script_failure"}, CodeHeadMoved, ""},
+		{"head moved", mr.MergeRequest{SHA: "bbbb", PipelineStatus: "failed", FailureReason: "script_failure"}, domain.BlockHeadMoved, ""},
 	} {
 		code, msg := blockReason(b, c.m)
 		if code != c.code || (code != "") != (msg != "") {

@@ -8,6 +8,8 @@ import (
 
 	"github.com/batcherd/batcherd/internal/drift"
 	"github.com/batcherd/batcherd/internal/store"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // EventMergeVerifyMiss is the audit event of a merged member whose change the target
@@ -22,7 +24,7 @@ const maxDriftLogLines = 20
 // drift — reported (event, metric, log), never silently accepted, and never repaired
 // here: the batch merged, and what to do is an operator's decision. GitLab trouble
 // leaves the check to the drift loop.
-func (s *Scanner) verifyMerged(ctx context.Context, b store.Batch, log *slog.Logger) {
+func (s *Scanner) verifyMerged(ctx context.Context, b domain.Batch, log *slog.Logger) {
 	members, err := s.st.BatchMembers(ctx, b.ID)
 	if err != nil {
 		log.Warn("post-merge check: reading the members failed; the drift loop will look", "err", err)
@@ -30,7 +32,7 @@ func (s *Scanner) verifyMerged(ctx context.Context, b store.Batch, log *slog.Log
 	}
 	ms := make([]drift.Member, 0, len(members))
 	for _, op := range members {
-		m := drift.Member{OperationID: op.OperationID, Subject: op.Subject, Target: op.Target, Grant: op.Action == store.ActionGrant}
+		m := drift.Member{OperationID: op.OperationID, Subject: op.Subject, Target: op.Target, Grant: op.Action == domain.ActionGrant}
 		if m.Grant {
 			m.Content, _ = bindingFile(op)
 		}

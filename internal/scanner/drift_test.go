@@ -10,10 +10,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/batcherd/batcherd/internal/drift"
-	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // The drift loop compares the bindings/ tree with the active bindings: a file nobody
@@ -30,7 +31,7 @@ func TestDriftLoopFindsEachKindOnce(t *testing.T) {
 	if err != nil || res.Outcome != store.ClaimClaimed {
 		t.Fatalf("round: %+v %v", res, err)
 	}
-	if got := e.drive(a, res.BatchID, 20*time.Second); got.Status != store.BatchSucceeded {
+	if got := e.drive(a, res.BatchID, 20*time.Second); got.Status != domain.BatchSucceeded {
 		t.Fatalf("batch %s", got.Status)
 	}
 	if err := a.drift.runOnce(bg); err != nil {
@@ -43,7 +44,7 @@ func TestDriftLoopFindsEachKindOnce(t *testing.T) {
 	ops := e.ops(ids)
 	var paths []string
 	for _, id := range ids {
-		paths = append(paths, mr.BindingPath(ops[id].Subject, ops[id].Target))
+		paths = append(paths, domain.BindingPath(ops[id].Subject, ops[id].Target))
 	}
 	stray, other := "subject: stray\n", strings.ReplaceAll(e.sim.Files(repo)[paths[1]], ids[1], "00000000-0000-4000-8000-000000000000")
 	if _, err := e.sim.PushToDefault(repo, map[string]*string{
@@ -101,7 +102,7 @@ func TestPostMergeCheckReportsAMissingFile(t *testing.T) {
 		if step == "settle.succeeded" {
 			once.Do(func() {
 				// Between the merge and the read-back, the file goes (a human's push).
-				if _, err := e.sim.PushToDefault(repo, map[string]*string{mr.BindingPath(victim.Subject, victim.Target): nil}, "oops"); err != nil {
+				if _, err := e.sim.PushToDefault(repo, map[string]*string{domain.BindingPath(victim.Subject, victim.Target): nil}, "oops"); err != nil {
 					t.Error(err)
 				}
 			})
@@ -111,7 +112,7 @@ func TestPostMergeCheckReportsAMissingFile(t *testing.T) {
 	if err != nil || res.Outcome != store.ClaimClaimed {
 		t.Fatalf("round: %+v %v", res, err)
 	}
-	if got := e.drive(s, res.BatchID, 20*time.Second); got.Status != store.BatchSucceeded {
+	if got := e.drive(s, res.BatchID, 20*time.Second); got.Status != domain.BatchSucceeded {
 		t.Fatalf("batch %s", got.Status)
 	}
 	if v := testutil.ToFloat64(s.m.mergeDrift.WithLabelValues(repo, drift.Missing)); v != 1 {

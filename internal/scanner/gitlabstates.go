@@ -27,7 +27,6 @@ import (
 
 	"github.com/batcherd/batcherd/internal/domain"
 	"github.com/batcherd/batcherd/internal/mr"
-	"github.com/batcherd/batcherd/internal/store"
 )
 
 // gitlabStates is what the handling of these states calls beyond the publish and
@@ -39,13 +38,6 @@ type gitlabStates interface {
 	PipelineRetries(ctx context.Context, project string, pipelineID int64) (int, error)
 }
 
-// CodeCIBlocked is the block code of a batch whose head pipeline was skipped or waits
-// for a manual job.
-const CodeCIBlocked = domain.BlockCIBlocked
-
-// ClassCIBlocked is the failure class of such a batch in isolate mode.
-const ClassCIBlocked = domain.ClassCIBlocked
-
 // rebaseFailed: GitLab's merge_error after a rebase it could not do (a conflict).
 func rebaseFailed(m mr.MergeRequest) bool {
 	return strings.HasPrefix(strings.ToLower(m.MergeError), "rebase failed")
@@ -54,7 +46,7 @@ func rebaseFailed(m mr.MergeRequest) bool {
 // gitlabState handles what an open MR's GitLab state asks of batcherd before the
 // failure policy looks at it. done: reconcile is over for this pass. It returns the
 // batch as now stored (a recorded rebase bumps its version).
-func (l *reconcileLoop) gitlabState(ctx context.Context, b store.Batch, m mr.MergeRequest, log *slog.Logger) (store.Batch, bool, error) {
+func (l *reconcileLoop) gitlabState(ctx context.Context, b domain.Batch, m mr.MergeRequest, log *slog.Logger) (domain.Batch, bool, error) {
 	if m.RebaseInProgress {
 		// Neither the head nor the pipeline is final until GitLab finishes.
 		l.s.m.outcomes.WithLabelValues("reconcile", "rebase_running").Inc()
@@ -91,7 +83,7 @@ func (l *reconcileLoop) gitlabState(ctx context.Context, b store.Batch, m mr.Mer
 // with a guarded write before anything is armed with it, as publish records the first
 // (fencing). Anything else — a human's commit — is not ours, and blockReason reports
 // head_moved.
-func (l *reconcileLoop) recordRebase(ctx context.Context, b store.Batch, m mr.MergeRequest, log *slog.Logger) (store.Batch, bool, error) {
+func (l *reconcileLoop) recordRebase(ctx context.Context, b domain.Batch, m mr.MergeRequest, log *slog.Logger) (domain.Batch, bool, error) {
 	commits, err := l.s.gl.MRCommits(ctx, b.Repo, m.IID)
 	if err != nil {
 		return b, false, err
@@ -118,9 +110,9 @@ func (l *reconcileLoop) recordRebase(ctx context.Context, b store.Batch, m mr.Me
 // policy could name that member the culprit: a flaky test fails a random pipeline, and
 // bisection would otherwise end on whoever is alone when it strikes. The retry count
 // lives in GitLab (retried jobs), so any replica sees it. true: retried, wait.
-func (l *reconcileLoop) flakeRetry(ctx context.Context, b store.Batch, m mr.MergeRequest, class domain.FailureClass, log *slog.Logger) (bool, error) {
+func (l *reconcileLoop) flakeRetry(ctx context.Context, b domain.Batch, m mr.MergeRequest, class domain.FailureClass, log *slog.Logger) (bool, error) {
 	if l.cfg.flakeRetries <= 0 || b.Size != 1 || m.PipelineID == 0 || m.PipelineStatus != "failed" ||
-		(class != ClassTest && class != ClassUnknown) {
+		(class != domain.ClassTest && class != domain.ClassUnknown) {
 		return false, nil
 	}
 	n, err := l.s.gl.PipelineRetries(ctx, b.Repo, m.PipelineID)
@@ -142,7 +134,7 @@ func (l *reconcileLoop) flakeRetry(ctx context.Context, b store.Batch, m mr.Merg
 
 // noteFlake counts a merged batch of one member whose pipeline passed only when
 // retried: a flaky pipeline, per repository. Best effort (a metric).
-func (l *reconcileLoop) noteFlake(ctx context.Context, b store.Batch, m mr.MergeRequest, log *slog.Logger) {
+func (l *reconcileLoop) noteFlake(ctx context.Context, b domain.Batch, m mr.MergeRequest, log *slog.Logger) {
 	if l.cfg.flakeRetries <= 0 || b.Size != 1 || m.PipelineID == 0 {
 		return
 	}

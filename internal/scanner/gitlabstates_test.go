@@ -36,7 +36,7 @@ func (e *env) batchEvents(id int64) []string {
 
 // followUp is the batch a failure settlement claimed next for a failed batch's members
 // (a retry or the first bisection half), claimed at once by the settling replica.
-func (e *env) followUp(parent int64) store.Batch {
+func (e *env) followUp(parent int64) domain.Batch {
 	e.t.Helper()
 	var id int64
 	if err := e.st.DB().Get(&id, "SELECT id FROM merge_batch WHERE parent_id = ? ORDER BY id LIMIT 1", parent); err != nil {
@@ -94,7 +94,7 @@ func TestRebaseWhenTheTargetMovesIsNotAConflict(t *testing.T) {
 				}()
 				got := e.drive(s, b.ID, 20*time.Second)
 				close(stop)
-				if got.Status != store.BatchSucceeded {
+				if got.Status != domain.BatchSucceeded {
 					t.Fatalf("round %d: batch %d %s (%s: %s)", round, b.ID, got.Status, got.ErrorCode, got.ErrorMessage)
 				}
 				if got.MRSHA == b.MRSHA {
@@ -103,9 +103,9 @@ func TestRebaseWhenTheTargetMovesIsNotAConflict(t *testing.T) {
 				if !slices.Contains(e.batchEvents(b.ID), store.EventBatchRebased) {
 					t.Errorf("round %d: no rebased event: %v", round, e.batchEvents(b.ID))
 				}
-				e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+				e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
 			}
-			if byStatus := e.batchesByStatus(); byStatus[store.BatchFailed] != 0 || byStatus[store.BatchSucceeded] != 4 {
+			if byStatus := e.batchesByStatus(); byStatus[domain.BatchFailed] != 0 || byStatus[domain.BatchSucceeded] != 4 {
 				t.Fatalf("batches: %v", byStatus)
 			}
 			if n := e.maxTries(); n != 1 {
@@ -128,11 +128,11 @@ func TestRebaseThatConflictsIsAConflict(t *testing.T) {
 	b := e.published(s, repo)
 	op := e.ops(ids)[ids[0]]
 	theirs := "someone else's file"
-	if _, err := e.sim.PushToDefault(repo, map[string]*string{mr.BindingPath(op.Subject, op.Target): &theirs}, "human"); err != nil {
+	if _, err := e.sim.PushToDefault(repo, map[string]*string{domain.BindingPath(op.Subject, op.Target): &theirs}, "human"); err != nil {
 		t.Fatal(err)
 	}
 	got := e.drive(s, b.ID, 20*time.Second)
-	if got.Status != store.BatchFailed || got.ErrorCode != string(ClassConflict) {
+	if got.Status != domain.BatchFailed || got.ErrorCode != string(domain.ClassConflict) {
 		t.Fatalf("batch %s (%s: %s), want failed conflict", got.Status, got.ErrorCode, got.ErrorMessage)
 	}
 }
@@ -143,9 +143,9 @@ func TestRebaseThatConflictsIsAConflict(t *testing.T) {
 func TestCanceledSkippedManualPipelinesAreActedOn(t *testing.T) {
 	t.Parallel()
 	for status, want := range map[string]domain.FailureClass{
-		"canceled": ClassInfra,
-		"skipped":  ClassCIBlocked,
-		"manual":   ClassCIBlocked,
+		"canceled": domain.ClassInfra,
+		"skipped":  domain.ClassCIBlocked,
+		"manual":   domain.ClassCIBlocked,
 	} {
 		t.Run(status, func(t *testing.T) {
 			t.Parallel()
@@ -154,18 +154,18 @@ func TestCanceledSkippedManualPipelinesAreActedOn(t *testing.T) {
 			ids := storetest.InsertQueuedOps(t, e.st, repo, 2)
 			b := e.published(s, repo)
 			got := e.drive(s, b.ID, 20*time.Second)
-			if got.Status != store.BatchFailed || got.ErrorCode != string(want) {
+			if got.Status != domain.BatchFailed || got.ErrorCode != string(want) {
 				t.Fatalf("batch %s (%s: %s), want failed %s", got.Status, got.ErrorCode, got.ErrorMessage, want)
 			}
 			// The retry of the same members meets the same pipeline and fails them.
 			retry := e.followUp(b.ID)
-			if retry.Kind != store.KindRetryPrefix+string(want) {
+			if retry.Kind != domain.KindRetryPrefix+string(want) {
 				t.Fatalf("follow-up batch kind %s", retry.Kind)
 			}
-			if retry := e.drive(s, retry.ID, 20*time.Second); retry.Status != store.BatchFailed {
+			if retry := e.drive(s, retry.ID, 20*time.Second); retry.Status != domain.BatchFailed {
 				t.Fatalf("retry batch %s", retry.Status)
 			}
-			for id, op := range e.requireOps(ids, store.OpFailed) {
+			for id, op := range e.requireOps(ids, domain.OpFailed) {
 				if op.ErrorCode != string(want) {
 					t.Errorf("operation %s failed with %s, want %s", id, op.ErrorCode, want)
 				}
@@ -193,13 +193,13 @@ func TestPipelinesThatHaveNotEndedAreWaitedFor(t *testing.T) {
 			}
 		}
 		got, _ := e.st.BatchGet(context.Background(), b.ID)
-		if got.Status != store.BatchRunning || got.ErrorCode != "" {
+		if got.Status != domain.BatchRunning || got.ErrorCode != "" {
 			t.Fatalf("%s: batch %s %s", status, got.Status, got.ErrorCode)
 		}
 		if err := e.sim.SetMRPipelineStatus(repo, *b.MRIID, "success", ""); err != nil {
 			t.Fatal(err)
 		}
-		if got := e.drive(s, b.ID, 10*time.Second); got.Status != store.BatchSucceeded {
+		if got := e.drive(s, b.ID, 10*time.Second); got.Status != domain.BatchSucceeded {
 			t.Fatalf("%s then success: %s", status, got.Status)
 		}
 	}
@@ -232,10 +232,10 @@ func TestCheckingMergeabilityIsWaitedFor(t *testing.T) {
 			s := e.scanner("r1", func(c *Config) { longTimeout(c); c.MergeMode = mode })
 			ids := storetest.InsertQueuedOps(t, e.st, repo, 2)
 			b := e.published(s, repo)
-			if got := e.drive(s, b.ID, 20*time.Second); got.Status != store.BatchSucceeded {
+			if got := e.drive(s, b.ID, 20*time.Second); got.Status != domain.BatchSucceeded {
 				t.Fatalf("%s %s: batch %s (%s: %s)", mode, v, got.Status, got.ErrorCode, got.ErrorMessage)
 			}
-			e.requireOps(ids, store.OpMerged)
+			e.requireOps(ids, domain.OpMerged)
 		}
 	}
 }
@@ -249,11 +249,11 @@ func TestFailureReasonsGoToTheirClass(t *testing.T) {
 		class domain.FailureClass
 		kind  string // the kind of the batch the failure leads to
 	}{
-		"job_execution_timeout": {ClassTest, store.KindBisect},
-		"script_failure":        {ClassTest, store.KindBisect},
-		"unknown_failure":       {ClassUnknown, store.KindRetryPrefix + string(ClassUnknown)},
-		"runner_system_failure": {ClassInfra, store.KindRetryPrefix + string(ClassInfra)},
-		"a_future_reason":       {ClassUnknown, store.KindRetryPrefix + string(ClassUnknown)},
+		"job_execution_timeout": {domain.ClassTest, domain.KindBisect},
+		"script_failure":        {domain.ClassTest, domain.KindBisect},
+		"unknown_failure":       {domain.ClassUnknown, domain.KindRetryPrefix + string(domain.ClassUnknown)},
+		"runner_system_failure": {domain.ClassInfra, domain.KindRetryPrefix + string(domain.ClassInfra)},
+		"a_future_reason":       {domain.ClassUnknown, domain.KindRetryPrefix + string(domain.ClassUnknown)},
 	} {
 		t.Run(reason, func(t *testing.T) {
 			t.Parallel()
@@ -262,7 +262,7 @@ func TestFailureReasonsGoToTheirClass(t *testing.T) {
 			storetest.InsertQueuedOps(t, e.st, repo, 2)
 			b := e.published(s, repo)
 			got := e.drive(s, b.ID, 20*time.Second)
-			if got.Status != store.BatchFailed || got.ErrorCode != string(want.class) {
+			if got.Status != domain.BatchFailed || got.ErrorCode != string(want.class) {
 				t.Fatalf("batch %s %s, want failed %s", got.Status, got.ErrorCode, want.class)
 			}
 			if next := e.followUp(b.ID); next.Kind != want.kind {
@@ -293,16 +293,16 @@ func TestFlakyLoneMemberIsNotACulprit(t *testing.T) {
 		got := e.drive(s, b.ID, 20*time.Second)
 		flakes := testutil.ToFloat64(s.m.flakes.WithLabelValues(repo))
 		if retries > 0 {
-			if got.Status != store.BatchSucceeded || flakes != 1 || testutil.ToFloat64(s.m.flakeRetries.WithLabelValues(repo)) != 1 {
+			if got.Status != domain.BatchSucceeded || flakes != 1 || testutil.ToFloat64(s.m.flakeRetries.WithLabelValues(repo)) != 1 {
 				t.Fatalf("with a flake retry: batch %s (%s), flakes %v", got.Status, got.ErrorCode, flakes)
 			}
-			e.requireOps(ids, store.OpMerged)
+			e.requireOps(ids, domain.OpMerged)
 			continue
 		}
-		if got.Status != store.BatchFailed || got.ErrorCode != string(ClassTest) || flakes != 0 {
+		if got.Status != domain.BatchFailed || got.ErrorCode != string(domain.ClassTest) || flakes != 0 {
 			t.Fatalf("without: batch %s %s, flakes %v", got.Status, got.ErrorCode, flakes)
 		}
-		if op := e.ops(ids)[ids[0]]; op.ErrorCode != ReasonCulprit || !strings.Contains(op.ErrorMessage, "alone") {
+		if op := e.ops(ids)[ids[0]]; op.ErrorCode != domain.ReasonCulprit || !strings.Contains(op.ErrorMessage, "alone") {
 			t.Fatalf("without retries the lone member is %s/%s", op.Status, op.ErrorCode)
 		}
 	}
@@ -349,14 +349,14 @@ func TestFastForwardProjectWithAMovingTarget(t *testing.T) {
 	c.stop()
 	e.requireOutcome(ids)
 	e.requireClean()
-	if byStatus := e.batchesByStatus(); byStatus[store.BatchFailed] != 0 {
+	if byStatus := e.batchesByStatus(); byStatus[domain.BatchFailed] != 0 {
 		t.Fatalf("batches: %v", byStatus)
 	}
 	if m := e.maxTries(); m != 1 {
 		t.Fatalf("an operation was charged %d attempts", m)
 	}
 	rebases := c.sum(func(m *metrics) prometheus.Collector { return m.rebases.WithLabelValues(repo) })
-	t.Logf("%d operations merged while the target moved %d times; %v rebases, %v batches", len(ids), n, rebases, e.batchesByStatus()[store.BatchSucceeded])
+	t.Logf("%d operations merged while the target moved %d times; %v rebases, %v batches", len(ids), n, rebases, e.batchesByStatus()[domain.BatchSucceeded])
 	if rebases == 0 {
 		t.Fatal("no batch needed a rebase: the target did not move under any")
 	}
@@ -377,10 +377,10 @@ func TestBlockModeRebasesToo(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		got, _ := e.st.BatchGet(context.Background(), b.ID)
-		if got.Status == store.BatchBlocked {
+		if got.Status == domain.BatchBlocked {
 			t.Fatalf("blocked: %s %s", got.ErrorCode, got.ErrorMessage)
 		}
-		if got.Status == store.BatchSucceeded {
+		if got.Status == domain.BatchSucceeded {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -393,5 +393,5 @@ func TestBlockModeRebasesToo(t *testing.T) {
 		_ = s.reconcile.runOnce(context.Background())
 		time.Sleep(20 * time.Millisecond)
 	}
-	e.requireOps(ids, store.OpMerged)
+	e.requireOps(ids, domain.OpMerged)
 }

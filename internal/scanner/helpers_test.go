@@ -98,7 +98,7 @@ func testLogger() *slog.Logger {
 
 // drive runs publish and reconcile passes of s until batch id is settled (or the
 // deadline), as a replica's loops would, and returns the settled batch.
-func (e *env) drive(s *Scanner, id int64, within time.Duration) store.Batch {
+func (e *env) drive(s *Scanner, id int64, within time.Duration) domain.Batch {
 	e.t.Helper()
 	ctx := context.Background()
 	deadline := time.Now().Add(within)
@@ -121,9 +121,9 @@ func (e *env) drive(s *Scanner, id int64, within time.Duration) store.Batch {
 }
 
 // ops returns the operations by id.
-func (e *env) ops(ids []string) map[string]store.Operation {
+func (e *env) ops(ids []string) map[string]domain.Operation {
 	e.t.Helper()
-	out := map[string]store.Operation{}
+	out := map[string]domain.Operation{}
 	for _, id := range ids {
 		op, err := e.st.OperationGet(context.Background(), id)
 		if err != nil {
@@ -134,14 +134,14 @@ func (e *env) ops(ids []string) map[string]store.Operation {
 	return out
 }
 
-func (e *env) requireOps(ids []string, want store.OpStatus) map[string]store.Operation {
+func (e *env) requireOps(ids []string, want domain.OpStatus) map[string]domain.Operation {
 	e.t.Helper()
 	ops := e.ops(ids)
 	for id, op := range ops {
 		if op.Status != want {
 			e.t.Errorf("operation %s: status %s, want %s (error %s: %s)", id, op.Status, want, op.ErrorCode, op.ErrorMessage)
 		}
-		if want == store.OpFailed && op.ErrorCode == "" {
+		if want == domain.OpFailed && op.ErrorCode == "" {
 			e.t.Errorf("operation %s failed without a reason", id)
 		}
 	}
@@ -150,17 +150,17 @@ func (e *env) requireOps(ids []string, want store.OpStatus) map[string]store.Ope
 
 // requireFilesOnMain checks that every grant's binding file is on the default branch
 // with its operation id (merged), or absent (failed, never merged behind the batch).
-func (e *env) requireFiles(repo string, ops map[string]store.Operation, onMain bool) {
+func (e *env) requireFiles(repo string, ops map[string]domain.Operation, onMain bool) {
 	e.t.Helper()
 	files := e.sim.Files(repo)
 	for id, op := range ops {
-		if op.Action != store.ActionGrant {
+		if op.Action != domain.ActionGrant {
 			continue
 		}
-		content, ok := files[mr.BindingPath(op.Subject, op.Target)]
+		content, ok := files[domain.BindingPath(op.Subject, op.Target)]
 		switch {
 		case onMain && !ok:
-			e.t.Errorf("operation %s merged but %s is not on main", id, mr.BindingPath(op.Subject, op.Target))
+			e.t.Errorf("operation %s merged but %s is not on main", id, domain.BindingPath(op.Subject, op.Target))
 		case onMain && !strings.Contains(content, id):
 			e.t.Errorf("operation %s: file on main does not carry its id:\n%s", id, content)
 		case !onMain && ok:
@@ -225,7 +225,7 @@ func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool
 
 // published runs a claim round of repo and a publish pass with s, and returns the batch
 // as published (with its MR recorded).
-func (e *env) published(s *Scanner, repo string) store.Batch {
+func (e *env) published(s *Scanner, repo string) domain.Batch {
 	e.t.Helper()
 	bg := context.Background()
 	res, err := s.RunRound(bg, repo)

@@ -13,6 +13,8 @@ import (
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // Issue #14, lie 1: a second database pointed at the same GitLab project (a staging
@@ -44,14 +46,14 @@ func TestTwoDatabasesOneProjectNeverAdoptEachOthersMRs(t *testing.T) {
 		}
 		driveStore(t, st2, b, resB.BatchID, 20*time.Second)
 
-		e.requireFiles(repo, e.requireOps(idsA, store.OpMerged), true)
-		opsB := map[string]store.Operation{}
+		e.requireFiles(repo, e.requireOps(idsA, domain.OpMerged), true)
+		opsB := map[string]domain.Operation{}
 		for _, id := range idsB {
 			op, err := st2.OperationGet(bg, id)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if op.Status != store.OpMerged {
+			if op.Status != domain.OpMerged {
 				t.Errorf("database B, operation %s: %s (%s: %s), want merged", id, op.Status, op.ErrorCode, op.ErrorMessage)
 			}
 			opsB[id] = op
@@ -102,10 +104,10 @@ func TestRecreatedDatabaseIgnoresOldMergedBatchMRs(t *testing.T) {
 			t.Fatalf("round: %+v %v", res, err)
 		}
 		b := e.drive(s, res.BatchID, 20*time.Second)
-		if b.Status != store.BatchSucceeded {
+		if b.Status != domain.BatchSucceeded {
 			t.Fatalf("batch %d: %s (%s: %s)", b.ID, b.Status, b.ErrorCode, b.ErrorMessage)
 		}
-		e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+		e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
 	}
 }
 
@@ -144,8 +146,8 @@ func TestForeignMROnTheBatchBranchIsNeverAdopted(t *testing.T) {
 		t.Logf("publish pass: %v", err)
 	}
 	b, _ = e.st.BatchGet(bg, res.BatchID)
-	if b.Status != store.BatchFailed || b.ErrorCode != string(ClassForeignMR) || !strings.Contains(b.ErrorMessage, fmt.Sprintf("!%d", iid)) {
-		t.Fatalf("batch %d: %s %s %q; want failed %s naming !%d", b.ID, b.Status, b.ErrorCode, b.ErrorMessage, ClassForeignMR, iid)
+	if b.Status != domain.BatchFailed || b.ErrorCode != string(domain.ClassForeignMR) || !strings.Contains(b.ErrorMessage, fmt.Sprintf("!%d", iid)) {
+		t.Fatalf("batch %d: %s %s %q; want failed %s naming !%d", b.ID, b.Status, b.ErrorCode, b.ErrorMessage, domain.ClassForeignMR, iid)
 	}
 	if b.MRIID != nil {
 		t.Fatalf("the foreign MR was recorded as the batch's: !%d", *b.MRIID)
@@ -160,14 +162,14 @@ func TestForeignMROnTheBatchBranchIsNeverAdopted(t *testing.T) {
 	if err != nil || len(retry) != 1 || retry[0].ID == b.ID {
 		t.Fatalf("no retry batch: %+v %v", retry, err)
 	}
-	if b2 := e.drive(s, retry[0].ID, 20*time.Second); b2.Status != store.BatchSucceeded {
+	if b2 := e.drive(s, retry[0].ID, 20*time.Second); b2.Status != domain.BatchSucceeded {
 		t.Fatalf("retry batch: %s (%s: %s)", b2.Status, b2.ErrorCode, b2.ErrorMessage)
 	}
-	e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+	e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
 }
 
 // driveStore is env.drive for a scanner on another database.
-func driveStore(t *testing.T, st *store.Store, s *Scanner, id int64, within time.Duration) store.Batch {
+func driveStore(t *testing.T, st *store.Store, s *Scanner, id int64, within time.Duration) domain.Batch {
 	t.Helper()
 	ctx := context.Background()
 	deadline := time.Now().Add(within)

@@ -13,11 +13,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
 	"github.com/batcherd/batcherd/internal/verify"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // Failure isolation (issue #9), proven end to end: real MariaDB, the GitLab simulator
@@ -119,16 +120,16 @@ func count(codes []string, code string) int {
 }
 
 // batchesByStatus counts the batches of each status.
-func (e *env) batchesByStatus() map[store.BatchStatus]int {
+func (e *env) batchesByStatus() map[domain.BatchStatus]int {
 	e.t.Helper()
 	var rows []struct {
-		Status store.BatchStatus `db:"status"`
-		N      int               `db:"n"`
+		Status domain.BatchStatus `db:"status"`
+		N      int                `db:"n"`
 	}
 	if err := e.st.DB().Select(&rows, "SELECT status, COUNT(*) AS n FROM merge_batch GROUP BY status"); err != nil {
 		e.t.Fatal(err)
 	}
-	out := map[store.BatchStatus]int{}
+	out := map[domain.BatchStatus]int{}
 	for _, r := range rows {
 		out[r.Status] = r.N
 	}
@@ -155,18 +156,18 @@ func (e *env) requireOutcome(ids []string, culprits ...string) {
 	ops := e.ops(ids)
 	for id, op := range ops {
 		if slices.Contains(culprits, id) {
-			if op.Status != store.OpFailed || op.ErrorCode != ReasonCulprit {
+			if op.Status != domain.OpFailed || op.ErrorCode != domain.ReasonCulprit {
 				e.t.Errorf("poison %s: %s/%s, want failed/culprit", id, op.Status, op.ErrorCode)
 			}
 			continue
 		}
-		if op.Status != store.OpMerged {
+		if op.Status != domain.OpMerged {
 			e.t.Errorf("operation %s: %s (%s: %s), want merged", id, op.Status, op.ErrorCode, op.ErrorMessage)
 		}
 	}
 	files := e.sim.Files(repo)
 	for id, op := range ops {
-		content, ok := files[mr.BindingPath(op.Subject, op.Target)]
+		content, ok := files[domain.BindingPath(op.Subject, op.Target)]
 		if slices.Contains(culprits, id) == ok || (ok && !strings.Contains(content, id)) {
 			e.t.Errorf("operation %s (%s): file on main = %v", id, op.Status, ok)
 		}
@@ -207,8 +208,8 @@ func TestBisectIsolatesOnePoison(t *testing.T) {
 	c.stop()
 
 	byStatus := e.batchesByStatus()
-	failing := byStatus[store.BatchFailed]
-	t.Logf("isolated in %s: %d failing rounds, %d succeeded batches", time.Since(start).Round(time.Millisecond), failing, byStatus[store.BatchSucceeded])
+	failing := byStatus[domain.BatchFailed]
+	t.Logf("isolated in %s: %d failing rounds, %d succeeded batches", time.Since(start).Round(time.Millisecond), failing, byStatus[domain.BatchSucceeded])
 	if failing > 7 {
 		t.Errorf("%d failing rounds, want at most ⌈log2 64⌉+1 = 7", failing)
 	}
@@ -216,12 +217,12 @@ func TestBisectIsolatesOnePoison(t *testing.T) {
 	e.requireClean()
 
 	// Every failed batch failed for the test, and the poison was in each of them.
-	var failed []store.Batch
+	var failed []domain.Batch
 	if err := e.st.DB().Select(&failed, "SELECT id, error_code, depth FROM merge_batch WHERE status = 3 ORDER BY id"); err != nil {
 		t.Fatal(err)
 	}
 	for i, b := range failed {
-		if b.ErrorCode != string(ClassTest) {
+		if b.ErrorCode != string(domain.ClassTest) {
 			t.Errorf("failed batch %d: code %s, want test", b.ID, b.ErrorCode)
 		}
 		if b.Depth != i {
@@ -296,9 +297,9 @@ func TestBisectIsolatesTwoPoisons(t *testing.T) {
 	c.stop()
 
 	byStatus := e.batchesByStatus()
-	t.Logf("%d failing rounds, %d succeeded batches", byStatus[store.BatchFailed], byStatus[store.BatchSucceeded])
+	t.Logf("%d failing rounds, %d succeeded batches", byStatus[domain.BatchFailed], byStatus[domain.BatchSucceeded])
 	// The first batch, then one failing chain of 6 rounds per poison.
-	if n := byStatus[store.BatchFailed]; n > 1+2*6 {
+	if n := byStatus[domain.BatchFailed]; n > 1+2*6 {
 		t.Errorf("%d failing rounds, want at most 13", n)
 	}
 	e.requireOutcome(ids, ids[a], ids[b])
@@ -322,9 +323,9 @@ func TestInfraFailureRetriedWhole(t *testing.T) {
 	e.settleAll(30 * time.Second)
 	c.stop()
 
-	e.requireOps(ids, store.OpMerged)
+	e.requireOps(ids, domain.OpMerged)
 	e.requireClean()
-	var batches []store.Batch
+	var batches []domain.Batch
 	if err := e.st.DB().Select(&batches, "SELECT id, status, size, kind, error_code, depth, parent_id, mr_iid FROM merge_batch ORDER BY id"); err != nil {
 		t.Fatal(err)
 	}
@@ -332,10 +333,10 @@ func TestInfraFailureRetriedWhole(t *testing.T) {
 		t.Fatalf("batches %+v, want the failed one and its retry", batches)
 	}
 	first, retry := batches[0], batches[1]
-	if first.Status != store.BatchFailed || first.ErrorCode != string(ClassInfra) || first.Size != 16 {
+	if first.Status != domain.BatchFailed || first.ErrorCode != string(domain.ClassInfra) || first.Size != 16 {
 		t.Errorf("first batch %+v, want failed infra with 16 members", first)
 	}
-	if retry.Status != store.BatchSucceeded || retry.Kind != "retry_infra" || retry.Size != 16 || retry.Depth != 0 ||
+	if retry.Status != domain.BatchSucceeded || retry.Kind != "retry_infra" || retry.Size != 16 || retry.Depth != 0 ||
 		retry.ParentID == nil || *retry.ParentID != first.ID {
 		t.Errorf("retry batch %+v, want the same 16 members retried whole, succeeded", retry)
 	}
@@ -343,7 +344,7 @@ func TestInfraFailureRetriedWhole(t *testing.T) {
 	if count(codes, "retry_infra") != 1 || count(codes, EventBisected) != 0 || count(codes, store.EventMemberMerged) != 1 {
 		t.Errorf("events %v, want one retry_infra, no bisection, merged", codes)
 	}
-	if n := c.sum(func(m *metrics) prometheus.Collector { return m.retries.WithLabelValues(string(ClassInfra)) }); n != 1 {
+	if n := c.sum(func(m *metrics) prometheus.Collector { return m.retries.WithLabelValues(string(domain.ClassInfra)) }); n != 1 {
 		t.Errorf("retries{class=infra} = %v, want 1", n)
 	}
 	// The retry's MR says why its members are there.
@@ -421,7 +422,7 @@ func TestReplicaKilledMidBisection(t *testing.T) {
 
 			e.requireOutcome(ids, poison)
 			e.requireClean()
-			if n := e.batchesByStatus()[store.BatchFailed]; n > 7 {
+			if n := e.batchesByStatus()[domain.BatchFailed]; n > 7 {
 				t.Errorf("%d failing rounds, want at most 7", n)
 			}
 			// No member lost or duplicated: every merged operation has exactly one
@@ -456,16 +457,16 @@ func TestConflictRebuiltOnNewHead(t *testing.T) {
 	}
 	op := e.ops(ids[:1])[ids[0]]
 	human := "subject: someone else\n"
-	if _, err := e.sim.PushToDefault(repo, map[string]*string{mr.BindingPath(op.Subject, op.Target): &human}, "hand edit"); err != nil {
+	if _, err := e.sim.PushToDefault(repo, map[string]*string{domain.BindingPath(op.Subject, op.Target): &human}, "hand edit"); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, 10*time.Second, "the conflict settled and the retry claimed", func() bool {
 		_ = s.reconcile.runOnce(ctx)
 		b, _ := e.st.BatchGet(ctx, res.BatchID)
-		return b.Status == store.BatchFailed
+		return b.Status == domain.BatchFailed
 	})
 	first, _ := e.st.BatchGet(ctx, res.BatchID)
-	if first.ErrorCode != string(ClassConflict) {
+	if first.ErrorCode != string(domain.ClassConflict) {
 		t.Fatalf("first batch failed with %s (%s), want conflict", first.ErrorCode, first.ErrorMessage)
 	}
 	var retryID int64
@@ -482,10 +483,10 @@ func TestConflictRebuiltOnNewHead(t *testing.T) {
 	if err := e.sim.SucceedMRPipeline(repo, *rb.MRIID); err != nil {
 		t.Fatal(err)
 	}
-	if b := e.drive(s, retryID, 10*time.Second); b.Status != store.BatchSucceeded {
+	if b := e.drive(s, retryID, 10*time.Second); b.Status != domain.BatchSucceeded {
 		t.Fatalf("retry batch %s (%s: %s)", b.Status, b.ErrorCode, b.ErrorMessage)
 	}
-	e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+	e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
 	if c := e.eventCodes(ids[0]); count(c, "retry_conflict") != 1 || count(c, store.EventMemberMerged) != 1 {
 		t.Errorf("events %v", c)
 	}
@@ -511,12 +512,12 @@ func TestTimeoutRetriedThenMaxAttempts(t *testing.T) {
 			}
 			time.Sleep(600 * time.Millisecond)
 			b := e.drive(s, res.BatchID, 10*time.Second)
-			if b.Status != store.BatchFailed || b.ErrorCode != string(ClassTimeout) {
+			if b.Status != domain.BatchFailed || b.ErrorCode != string(domain.ClassTimeout) {
 				t.Fatalf("batch %s %s, want failed timeout", b.Status, b.ErrorCode)
 			}
 			if tc.maxAttempts == 1 {
-				for id, op := range e.requireOps(ids, store.OpFailed) {
-					if op.ErrorCode != ReasonMaxAttempts {
+				for id, op := range e.requireOps(ids, domain.OpFailed) {
+					if op.ErrorCode != domain.ReasonMaxAttempts {
 						t.Errorf("%s failed with %s, want max_attempts", id, op.ErrorCode)
 					}
 				}
@@ -535,10 +536,10 @@ func TestTimeoutRetriedThenMaxAttempts(t *testing.T) {
 			if err := e.sim.SucceedMRPipeline(repo, *rb.MRIID); err != nil {
 				t.Fatal(err)
 			}
-			if rb = e.drive(s, retryID, 10*time.Second); rb.Status != store.BatchSucceeded {
+			if rb = e.drive(s, retryID, 10*time.Second); rb.Status != domain.BatchSucceeded {
 				t.Fatalf("retry %s", rb.Status)
 			}
-			e.requireOps(ids, store.OpMerged)
+			e.requireOps(ids, domain.OpMerged)
 			e.requireClean()
 		})
 	}

@@ -8,8 +8,9 @@ import (
 	"time"
 
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
-	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // The end-to-end scenarios — publish → merge, failure isolation, crash resume — against
@@ -72,7 +73,7 @@ func TestGitLabMatrix(t *testing.T) {
 				e.requireOutcome(ids)
 				e.requireClean()
 				got, _ := e.st.BatchGet(context.Background(), b.ID)
-				if got.Status != store.BatchSucceeded {
+				if got.Status != domain.BatchSucceeded {
 					t.Fatalf("batch %s (%s)", got.Status, got.ErrorCode)
 				}
 				if cell.method != gitlabsim.MergeMethodMerge && got.MRSHA == b.MRSHA {
@@ -117,10 +118,10 @@ func TestGitLabMatrix(t *testing.T) {
 					}
 					e.moveTarget("after-the-crash")
 					b := e.scanner("b", longTimeout)
-					if got := e.drive(b, res.BatchID, 30*time.Second); got.Status != store.BatchSucceeded {
+					if got := e.drive(b, res.BatchID, 30*time.Second); got.Status != domain.BatchSucceeded {
 						t.Fatalf("%s: batch %s (%s: %s)", step, got.Status, got.ErrorCode, got.ErrorMessage)
 					}
-					e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+					e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
 					if mrs := e.mrsOf(repo, res.BatchID); len(mrs) != 1 || mrs[0].State != "merged" {
 						t.Errorf("%s: MRs of the batch branch: %+v, want exactly one, merged", step, mrs)
 					}

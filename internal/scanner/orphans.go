@@ -122,7 +122,7 @@ func (l *orphanLoop) sweepOpen(ctx context.Context, repo string) error {
 		}
 		l.s.m.outcomes.WithLabelValues("orphans", "closed").Inc()
 		log.Info("closed orphan merge request", "batch_status", b.Status.String(), "mr_state", cm.State)
-		if cm.State == mr.StateMerged && b.Status == store.BatchFailed {
+		if cm.State == mr.StateMerged && b.Status == domain.BatchFailed {
 			// It merged before we could close it: merged wins.
 			l.s.itemErr("orphans", log, "settling a merged orphan failed", l.s.mergedAfterFailed(ctx, b, cm, log))
 		}

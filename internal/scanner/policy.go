@@ -43,26 +43,10 @@ import (
 )
 
 // Failure classes (domain.FailureClass): short names for this package.
-const (
-	ClassTest         = domain.ClassTest
-	ClassInfra        = domain.ClassInfra
-	ClassConflict     = domain.ClassConflict
-	ClassUnknown      = domain.ClassUnknown
-	ClassClosedByUser = domain.ClassClosedByUser
-	ClassTimeout      = domain.ClassTimeout
-	ClassUnavailable  = domain.ClassUnavailable
-	ClassMRMissing    = domain.ClassMRMissing
-	ClassManual       = domain.ClassManual
-	ClassEmpty        = domain.ClassEmpty
-	ClassForeignMR    = domain.ClassForeignMR
-	ClassRefused      = domain.ClassRefused
-)
+const ()
 
 // Member failure reasons (operation error codes) besides the classes.
-const (
-	ReasonCulprit     = domain.ReasonCulprit
-	ReasonMaxAttempts = domain.ReasonMaxAttempts
-)
+const ()
 
 // Member outcome event codes (audit_event.code) written by a failure settlement.
 const (
@@ -106,7 +90,7 @@ type failure struct {
 // documented reason.
 func pipelineClass(status, reason string) domain.FailureClass {
 	if status == "canceled" {
-		return ClassInfra
+		return domain.ClassInfra
 	}
 	return domain.ClassOfFailureReason(reason)
 }
@@ -126,28 +110,28 @@ type planOutcome struct {
 
 // plan decides the fate of each member of failed batch b. ms are the batch's waiting
 // rows in queue order (store.BatchWaitingMembers).
-func (p policy) plan(b store.Batch, f failure, ms []store.WaitingMember) ([]store.MemberFate, planOutcome) {
+func (p policy) plan(b domain.Batch, f failure, ms []store.WaitingMember) ([]store.MemberFate, planOutcome) {
 	retries := 0
 	for _, m := range ms {
 		retries = max(retries, m.Retries)
 	}
 	switch f.class {
-	case ClassClosedByUser:
-		return p.failAll(ms, string(ClassClosedByUser), EventClosedByUser,
+	case domain.ClassClosedByUser:
+		return p.failAll(ms, string(domain.ClassClosedByUser), EventClosedByUser,
 			fmt.Sprintf("merge request of batch %d was closed by someone else than batcherd: no retry", b.ID)), planOutcome{action: "fail"}
-	case ClassInfra, ClassTimeout, ClassUnavailable, ClassMRMissing, ClassCIBlocked, ClassForeignMR:
+	case domain.ClassInfra, domain.ClassTimeout, domain.ClassUnavailable, domain.ClassMRMissing, domain.ClassCIBlocked, domain.ClassForeignMR:
 		if retries < p.infraRetries {
 			return p.retry(b, f, ms, retries)
 		}
 		return p.failAll(ms, string(f.class), store.EventMemberFailed,
 				fmt.Sprintf("batch %d failed (%s) after %d retr%s of the same members: %s", b.ID, f.class, retries, plural(retries, "y", "ies"), f.msg)),
 			planOutcome{action: "fail"}
-	case ClassConflict, ClassUnknown:
+	case domain.ClassConflict, domain.ClassUnknown:
 		if retries < p.conflictRetries {
 			return p.retry(b, f, ms, retries)
 		}
 		return p.isolate(b, f, ms)
-	case ClassTest, ClassRefused:
+	case domain.ClassTest, domain.ClassRefused:
 		return p.isolate(b, f, ms)
 	}
 	return p.failAll(ms, string(f.class), store.EventMemberFailed, string(f.class)+": "+f.msg), planOutcome{action: "fail"}
@@ -163,19 +147,19 @@ func (p policy) failAll(ms []store.WaitingMember, code, event, detail string) []
 
 // retry requeues the same members as one group, each charged one attempt at its next
 // claim; members already at MaxAttempts fail instead.
-func (p policy) retry(b store.Batch, f failure, ms []store.WaitingMember, retries int) ([]store.MemberFate, planOutcome) {
+func (p policy) retry(b domain.Batch, f failure, ms []store.WaitingMember, retries int) ([]store.MemberFate, planOutcome) {
 	out := make([]store.MemberFate, len(ms))
 	o := planOutcome{action: "retry"}
 	group := "b" + strconv.FormatInt(b.ID, 10) + ".r"
 	for i, m := range ms {
 		if m.Tries >= p.maxAttempts {
 			detail := fmt.Sprintf("batch %d failed (%s) and the operation has used %d of %d attempts: %s", b.ID, f.class, m.Tries, p.maxAttempts, f.msg)
-			out[i] = store.MemberFate{OperationID: m.OperationID, Code: ReasonMaxAttempts, Message: detail, Event: EventMaxAttempts, Detail: detail}
+			out[i] = store.MemberFate{OperationID: m.OperationID, Code: domain.ReasonMaxAttempts, Message: detail, Event: EventMaxAttempts, Detail: detail}
 			o.maxed++
 			continue
 		}
 		out[i] = store.MemberFate{
-			OperationID: m.OperationID, Group: group, Kind: store.KindRetryPrefix + string(f.class),
+			OperationID: m.OperationID, Group: group, Kind: domain.KindRetryPrefix + string(f.class),
 			Depth: b.Depth, Half: m.Half, Retries: retries + 1,
 			Event: EventRetryPrefix + string(f.class),
 			Detail: fmt.Sprintf("batch %d failed (%s): retry %d of the same %d member(s) as one group, attempt %d of %d; no bisection",
@@ -190,13 +174,13 @@ func (p policy) retry(b store.Batch, f failure, ms []store.WaitingMember, retrie
 }
 
 // isolate bisects a failing batch, or names its only member the culprit.
-func (p policy) isolate(b store.Batch, f failure, ms []store.WaitingMember) ([]store.MemberFate, planOutcome) {
+func (p policy) isolate(b domain.Batch, f failure, ms []store.WaitingMember) ([]store.MemberFate, planOutcome) {
 	if len(ms) == 1 {
 		detail := fmt.Sprintf("alone in batch %d and it still failed (%s: %s)", b.ID, f.class, f.msg)
 		if b.Depth > 0 {
 			detail += fmt.Sprintf(": isolated by bisection at depth %d", b.Depth)
 		}
-		return []store.MemberFate{{OperationID: ms[0].OperationID, Code: ReasonCulprit, Message: detail, Event: EventCulprit, Detail: detail}},
+		return []store.MemberFate{{OperationID: ms[0].OperationID, Code: domain.ReasonCulprit, Message: detail, Event: EventCulprit, Detail: detail}},
 			planOutcome{action: "culprit", culprits: 1}
 	}
 	if !p.bisect {
@@ -218,7 +202,7 @@ func (p policy) isolate(b store.Batch, f failure, ms []store.WaitingMember) ([]s
 		}
 		out[i] = store.MemberFate{
 			OperationID: m.OperationID, Group: "b" + strconv.FormatInt(b.ID, 10) + "." + strconv.Itoa(half),
-			Kind: store.KindBisect, Depth: depth, Half: half,
+			Kind: domain.KindBisect, Depth: depth, Half: half,
 			Event: EventBisected,
 			Detail: fmt.Sprintf("batch %d failed (%s): bisected into halves of %d and %d; this one is in half %d (%d member(s)), depth %d",
 				b.ID, f.class, cut, len(ms)-cut, half, size, depth),
@@ -235,17 +219,17 @@ func plural(n int, one, many string) string {
 }
 
 // roundWhy says why a claimed batch exists, for the MR description.
-func roundWhy(b store.Batch) string {
+func roundWhy(b domain.Batch) string {
 	parent := int64(0)
 	if b.ParentID != nil {
 		parent = *b.ParentID
 	}
 	switch {
-	case b.Kind == store.KindBisect:
+	case b.Kind == domain.KindBisect:
 		half := strings.TrimPrefix(b.Grp, "b"+strconv.FormatInt(parent, 10)+".")
 		return fmt.Sprintf("bisection of failed batch %d: half %s of 2, depth %d", parent, half, b.Depth)
-	case strings.HasPrefix(b.Kind, store.KindRetryPrefix):
-		return fmt.Sprintf("retry of failed batch %d after a %s failure", parent, strings.TrimPrefix(b.Kind, store.KindRetryPrefix))
+	case strings.HasPrefix(b.Kind, domain.KindRetryPrefix):
+		return fmt.Sprintf("retry of failed batch %d after a %s failure", parent, strings.TrimPrefix(b.Kind, domain.KindRetryPrefix))
 	}
 	return "first try"
 }

@@ -11,6 +11,8 @@ import (
 	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/store"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // The MR lists each member's requester and approver, escaped; the commit names the
@@ -29,7 +31,7 @@ func TestPublishNamesPrincipals(t *testing.T) {
 		}
 		op, _, err := e.st.OperationCreate(ctx, store.OperationCreateParams{
 			OperationID: uuid.NewString(), Subject: fmt.Sprintf("user-%02d", i), Target: "db/prod",
-			Repo: repo, Action: store.ActionGrant, RequestedBy: requester,
+			Repo: repo, Action: domain.ActionGrant, RequestedBy: requester,
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -94,14 +96,14 @@ func TestPublishNamesPrincipals(t *testing.T) {
 // requester and approver.
 func TestMRDescriptionBounded(t *testing.T) {
 	long := strings.Repeat("ü", 255)
-	var members []store.Operation
+	var members []domain.Operation
 	for i := 0; i < 5000; i++ {
-		members = append(members, store.Operation{
-			OperationID: uuid.NewString(), Action: store.ActionGrant, Subject: long, Target: long,
+		members = append(members, domain.Operation{
+			OperationID: uuid.NewString(), Action: domain.ActionGrant, Subject: long, Target: long,
 			RequestedBy: fmt.Sprintf("%s-%04d", strings.Repeat("r", 120), i%50), ApprovedBy: strings.Repeat("a", 128),
 		})
 	}
-	desc := mrDescription(store.Batch{ID: 7, Repo: repo}, members, nil)
+	desc := mrDescription(domain.Batch{ID: 7, Repo: repo}, members, nil)
 	if n := len([]rune(desc)); n > 1_048_576 || len(desc) > maxDescription+64<<10 {
 		t.Fatalf("description of %d characters (%d bytes)", n, len(desc))
 	}
@@ -114,7 +116,7 @@ func TestMRDescriptionBounded(t *testing.T) {
 		t.Fatalf("compact form lacks the principals: %.600s", desc)
 	}
 	// A small batch keeps the full form.
-	small := mrDescription(store.Batch{ID: 8, Repo: repo}, members[:3], nil)
+	small := mrDescription(domain.Batch{ID: 8, Repo: repo}, members[:3], nil)
 	if strings.Contains(small, "compactly") || !strings.Contains(small, mr.MarkdownLiteral(long)) {
 		t.Fatalf("small batch: %.300s", small)
 	}

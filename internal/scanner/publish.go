@@ -41,7 +41,7 @@ func (l *publishLoop) runOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	due = slices.DeleteFunc(due, func(b store.Batch) bool { return b.Status != store.BatchRunning || b.MRIID != nil })
+	due = slices.DeleteFunc(due, func(b domain.Batch) bool { return b.Status != domain.BatchRunning || b.MRIID != nil })
 	if len(due) > 0 {
 		// A batch past the timeout (DB clock) is not published again: no renewed
 		// reservation, so the timeout sweep — which leaves a batch alone while a publish
@@ -54,10 +54,10 @@ func (l *publishLoop) runOnce(ctx context.Context) error {
 			for _, b := range late {
 				ids[b.ID] = true
 			}
-			due = slices.DeleteFunc(due, func(b store.Batch) bool { return ids[b.ID] })
+			due = slices.DeleteFunc(due, func(b domain.Batch) bool { return ids[b.ID] })
 		}
 	}
-	started, failed := forEach(ctx, l.s, l.cfg.workers, due, func(ctx context.Context, b store.Batch) error {
+	started, failed := forEach(ctx, l.s, l.cfg.workers, due, func(ctx context.Context, b domain.Batch) error {
 		log := batchLog(l.log, b)
 		if l.s.access.held(b.Repo) {
 			// GitLab refuses the repository: held, probed again after the backoff.
@@ -91,7 +91,7 @@ const publishRetry = 2 * time.Second
 // batch timeout). The write is guarded on the version this publisher reserved; if it
 // loses, the batch moved on and there is nothing to shorten. A permanent error keeps
 // the full lease: trying again at once would only meet it again.
-func (l *publishLoop) retrySoon(ctx context.Context, b store.Batch, cause error, log *slog.Logger) {
+func (l *publishLoop) retrySoon(ctx context.Context, b domain.Batch, cause error, log *slog.Logger) {
 	wait := publishRetry
 	var ge *mr.Error
 	if errors.As(cause, &ge) && ge.RetryAfter > wait {
@@ -147,7 +147,7 @@ func armsAutoMerge(state string, mode MergeMode) bool {
 // publish runs the publish steps for the reserved batch *bp, and leaves in *bp the
 // batch as this publisher last reserved it (the reservation is renewed before the MR
 // is opened), so the caller's retrySoon writes against the current version.
-func (l *publishLoop) publish(ctx context.Context, bp *store.Batch, log *slog.Logger) error {
+func (l *publishLoop) publish(ctx context.Context, bp *domain.Batch, log *slog.Logger) error {
 	b := *bp
 	branch := batchBranch(b)
 	// Only an MR whose commits carry this installation's trailers for this batch is
@@ -190,7 +190,7 @@ func (l *publishLoop) publish(ctx context.Context, bp *store.Batch, log *slog.Lo
 // written is what writeBatch did: the members and their reasons (for the MR), and the
 // commit's sha and whether it changed nothing. done: the batch was settled instead.
 type written struct {
-	members []store.Operation
+	members []domain.Operation
 	why     map[string]string
 	sha     string
 	empty   bool
@@ -200,14 +200,14 @@ type written struct {
 // writeBatch is step 2's write: the members' file actions on the batch branch in one
 // commit. CommitFiles is idempotent by the Batcherd-Batch trailer: resumed after a lost
 // answer it returns the earlier commit's sha.
-func (l *publishLoop) writeBatch(ctx context.Context, b store.Batch, branch string, log *slog.Logger) (written, error) {
+func (l *publishLoop) writeBatch(ctx context.Context, b domain.Batch, branch string, log *slog.Logger) (written, error) {
 	members, err := l.s.st.BatchMembers(ctx, b.ID)
 	if err != nil {
 		return written{}, err
 	}
 	if len(members) == 0 {
 		// Cannot happen through BatchClaim; fail loudly rather than open an empty MR.
-		_, err := l.s.settleFailure(ctx, b, failure{ClassEmpty, "the batch has no members"}, log)
+		_, err := l.s.settleFailure(ctx, b, failure{domain.ClassEmpty, "the batch has no members"}, log)
 		return written{done: true}, err
 	}
 	files, err := fileActions(members)
@@ -230,7 +230,7 @@ func (l *publishLoop) writeBatch(ctx context.Context, b store.Batch, branch stri
 		// holding the slot until the batch timeout, twice.
 		l.s.m.outcomes.WithLabelValues("publish", "content_refused").Inc()
 		log.Warn("GitLab refused the batch's commit; failing the batch to isolate the member", "err", err)
-		_, serr := l.s.settleFailure(ctx, b, failure{ClassRefused, "GitLab refused the batch's commit: " + gitlabMessage(err)}, log)
+		_, serr := l.s.settleFailure(ctx, b, failure{domain.ClassRefused, "GitLab refused the batch's commit: " + gitlabMessage(err)}, log)
 		return written{done: true}, serr
 	}
 	if err != nil {
@@ -243,7 +243,7 @@ func (l *publishLoop) writeBatch(ctx context.Context, b store.Batch, branch stri
 // settleUnchangedBatch: nothing to change. The repository already says what the batch
 // would make it say, and an MR without commits is one GitLab never merges (it reads as
 // a conflict): the batch has succeeded as it stands.
-func (l *publishLoop) settleUnchangedBatch(ctx context.Context, b store.Batch, branch string, log *slog.Logger) error {
+func (l *publishLoop) settleUnchangedBatch(ctx context.Context, b domain.Batch, branch string, log *slog.Logger) error {
 	l.s.m.outcomes.WithLabelValues("publish", "nothing_to_change").Inc()
 	if _, err := l.s.settleUnchanged(ctx, b, log); err != nil {
 		return err
@@ -264,7 +264,7 @@ func (l *publishLoop) settleUnchangedBatch(ctx context.Context, b store.Batch, b
 // failed batch that a human merges puts its files on the target branch after all. The
 // renewal leaves only the EnsureMR call itself inside a fresh lease; the orphan sweep
 // closes what a publisher frozen even there still opens.
-func (l *publishLoop) openMR(ctx context.Context, b store.Batch, branch string, w written, log *slog.Logger) (store.Batch, *mr.MergeRequest, error) {
+func (l *publishLoop) openMR(ctx context.Context, b domain.Batch, branch string, w written, log *slog.Logger) (domain.Batch, *mr.MergeRequest, error) {
 	rb, err := l.s.st.BatchReserve(ctx, b.ID, b.Version, l.cfg.lease)
 	if isLost(err) {
 		l.s.m.outcomes.WithLabelValues("publish", "lost_race").Inc()
@@ -293,7 +293,7 @@ func (l *publishLoop) openMR(ctx context.Context, b store.Batch, branch string, 
 // recordAndArm is steps 3–5. Fencing: the MR is recorded with a write guarded on the
 // version we reserved, BEFORE any merge is armed; if it loses, the batch moved on
 // without us (lostRecord).
-func (l *publishLoop) recordAndArm(ctx context.Context, b store.Batch, m mr.MergeRequest, sha string, log *slog.Logger) error {
+func (l *publishLoop) recordAndArm(ctx context.Context, b domain.Batch, m mr.MergeRequest, sha string, log *slog.Logger) error {
 	rb, err := l.s.st.BatchRecordMR(ctx, b.ID, b.Version, store.MRRecord{IID: m.IID, URL: m.WebURL, SHA: sha})
 	if isLost(err) {
 		return l.lostRecord(ctx, b, m, log)
@@ -333,7 +333,7 @@ func (l *publishLoop) recordAndArm(ctx context.Context, b store.Batch, m mr.Merg
 // stay open (fencing); if it is still active, whoever holds it either records this same
 // MR (EnsureMR is idempotent by branch) or settles the batch and closes the MR through
 // the branch — and the orphan sweep is the backstop — so we do nothing.
-func (l *publishLoop) lostRecord(ctx context.Context, b store.Batch, m mr.MergeRequest, log *slog.Logger) error {
+func (l *publishLoop) lostRecord(ctx context.Context, b domain.Batch, m mr.MergeRequest, log *slog.Logger) error {
 	cur, err := l.s.st.BatchGet(ctx, b.ID)
 	if err != nil {
 		return err
@@ -344,7 +344,7 @@ func (l *publishLoop) lostRecord(ctx context.Context, b store.Batch, m mr.MergeR
 			"mr_iid", m.IID, "recorded_iid", cur.MRIID)
 		return nil
 	}
-	if cur.Status != store.BatchFailed {
+	if cur.Status != domain.BatchFailed {
 		return nil // SUCCEEDED: the MR merged, nothing to fence
 	}
 	log.Info("batch settled while publishing; closing the MR we made", "mr_iid", m.IID)
@@ -367,10 +367,10 @@ func (l *publishLoop) lostRecord(ctx context.Context, b store.Batch, m mr.MergeR
 // binding file, revoke → delete it. Members are sorted by operation id; should two
 // touch the same file (the binding state machine prevents it), the newest wins, because
 // one commit cannot carry two actions on one path.
-func fileActions(members []store.Operation) ([]mr.FileAction, error) {
-	byPath := map[string]store.Operation{}
+func fileActions(members []domain.Operation) ([]mr.FileAction, error) {
+	byPath := map[string]domain.Operation{}
 	for _, op := range members {
-		p := mr.BindingPath(op.Subject, op.Target)
+		p := domain.BindingPath(op.Subject, op.Target)
 		if prev, ok := byPath[p]; ok && prev.CreatedAt.After(op.CreatedAt) {
 			continue
 		}
@@ -385,13 +385,13 @@ func fileActions(members []store.Operation) ([]mr.FileAction, error) {
 	for _, p := range paths {
 		op := byPath[p]
 		switch op.Action {
-		case store.ActionGrant:
+		case domain.ActionGrant:
 			content, err := bindingFile(op)
 			if err != nil {
 				return nil, fmt.Errorf("binding file of operation %s: %w", op.OperationID, err)
 			}
 			out = append(out, mr.FileAction{Path: p, Content: content})
-		case store.ActionRevoke:
+		case domain.ActionRevoke:
 			out = append(out, mr.FileAction{Path: p, Delete: true})
 		default:
 			return nil, errors.New("operation " + op.OperationID + ": unknown action " + string(op.Action))
@@ -401,11 +401,11 @@ func fileActions(members []store.Operation) ([]mr.FileAction, error) {
 }
 
 // bindingFile renders a grant's file, with the operation's attributes when it has any.
-func bindingFile(op store.Operation) (string, error) {
+func bindingFile(op domain.Operation) (string, error) {
 	return mr.BindingYAMLWithAttributes(op.Subject, op.Target, op.OperationID, op.ExpiresAt, op.Attributes)
 }
 
-func mrTitle(b store.Batch, members []store.Operation) string {
+func mrTitle(b domain.Batch, members []domain.Operation) string {
 	return fmt.Sprintf("batcherd: batch %d for %s (%d operations)", b.ID, b.Repo, len(members))
 }
 
@@ -419,7 +419,7 @@ const maxPrincipalTrailers = 20
 // ("Batcherd-Requested-By: alice", "Batcherd-Approved-By: bob"; sorted, at most
 // maxPrincipalTrailers each, then "Batcherd-Principals-Omitted: <n>"). The mr layer
 // appends its own trailers (Batcherd-Batch, …) to the same paragraph.
-func commitMessage(b store.Batch, members []store.Operation) string {
+func commitMessage(b domain.Batch, members []domain.Operation) string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "batcherd: batch %d (%d operations)\n\n", b.ID, len(members))
 	requested, approved := map[string]bool{}, map[string]bool{}
@@ -463,7 +463,7 @@ func commitMessage(b store.Batch, members []store.Operation) string {
 // listed compactly instead: grouped by (requester, approver), names cut to 32
 // characters, each group's operation ids on one line — every id and who requested and
 // approved it, with the full record a GET /v1/operations/{id} away.
-func mrDescription(b store.Batch, members []store.Operation, why map[string]string) string {
+func mrDescription(b domain.Batch, members []domain.Operation, why map[string]string) string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "Batch %d for `%s`, opened by batcherd.\n\n", b.ID, b.Repo)
 	fmt.Fprintf(&sb, "batch_id: %d\n\nRound: %s\n\nOperations (%d):\n\n", b.ID, roundWhy(b), len(members))
@@ -518,7 +518,7 @@ func principalMD(name string, cut int) string {
 // batchBranch is the batch's source branch as its claim recorded it
 // (batcherd/<installation>/batch-<id>; batcherd/batch-<id> for a batch claimed before
 // installations had ids).
-func batchBranch(b store.Batch) string {
+func batchBranch(b domain.Batch) string {
 	if b.SourceBranch != "" {
 		return b.SourceBranch
 	}
@@ -535,10 +535,10 @@ func isForeign(err error) bool {
 // never recorded, armed, merged or closed by batcherd, and the failure names it. The
 // members are retried in a new batch (a new id, so a new branch) like after an
 // infrastructure failure.
-func (l *publishLoop) foreign(ctx context.Context, b store.Batch, cause error, log *slog.Logger) error {
+func (l *publishLoop) foreign(ctx context.Context, b domain.Batch, cause error, log *slog.Logger) error {
 	l.s.m.outcomes.WithLabelValues("publish", "foreign_mr").Inc()
 	log.Error("the MR on the batch's branch is not this batch's; failing the batch and leaving the MR alone", "err", cause)
-	_, err := l.s.settleFailure(ctx, b, failure{ClassForeignMR, cause.Error()}, log)
+	_, err := l.s.settleFailure(ctx, b, failure{domain.ClassForeignMR, cause.Error()}, log)
 	return err
 }
 

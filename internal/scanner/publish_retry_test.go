@@ -8,6 +8,8 @@ import (
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // A publish that meets a transient GitLab error holds its batch only for a short
@@ -58,10 +60,10 @@ func TestPublishErrorHold(t *testing.T) {
 			}
 			e.sim.ClearFaults()
 			b := e.drive(s, res.BatchID, 15*time.Second)
-			if b.Status != store.BatchSucceeded {
+			if b.Status != domain.BatchSucceeded {
 				t.Fatalf("batch %s (%s: %s), want succeeded once GitLab answers", b.Status, b.ErrorCode, b.ErrorMessage)
 			}
-			e.requireOps(ids, store.OpMerged)
+			e.requireOps(ids, domain.OpMerged)
 			made := 0 // the faults here answer before doing the work: count the commits answered 201
 			for _, call := range e.sim.Calls() {
 				if call.Method == "POST" && call.Route == f.Route && call.Status == 201 {

@@ -11,16 +11,10 @@ import (
 
 	"github.com/batcherd/batcherd/internal/domain"
 	"github.com/batcherd/batcherd/internal/mr"
-	"github.com/batcherd/batcherd/internal/store"
 )
 
 // Block codes recorded on a BLOCKED batch.
-const (
-	CodePipelineFailed = domain.BlockPipelineFailed
-	CodeMergeConflict  = domain.BlockMergeConflict
-	CodeNeedRebase     = domain.BlockNeedRebase
-	CodeHeadMoved      = domain.BlockHeadMoved
-)
+const ()
 
 // reconcileConfig is the reconcile loop's slice of Config.
 type reconcileConfig struct {
@@ -48,8 +42,8 @@ func (l *reconcileLoop) runOnce(ctx context.Context) error {
 		return err
 	}
 	// Batches without an MR belong to publish.
-	due = slices.DeleteFunc(due, func(b store.Batch) bool { return b.MRIID == nil })
-	started, failed := forEach(ctx, l.s, l.cfg.workers, due, func(ctx context.Context, b store.Batch) error {
+	due = slices.DeleteFunc(due, func(b domain.Batch) bool { return b.MRIID == nil })
+	started, failed := forEach(ctx, l.s, l.cfg.workers, due, func(ctx context.Context, b domain.Batch) error {
 		log := batchLog(l.log, b).With("mr_iid", *b.MRIID)
 		if l.s.access.held(b.Repo) {
 			// GitLab refuses the repository: held, probed again after the backoff.
@@ -71,7 +65,7 @@ func (l *reconcileLoop) runOnce(ctx context.Context) error {
 }
 
 // reconcile applies what the MR says to the reserved batch b.
-func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.Logger) error {
+func (l *reconcileLoop) reconcile(ctx context.Context, b domain.Batch, log *slog.Logger) error {
 	m, err := l.s.gl.GetMR(ctx, b.Repo, *b.MRIID)
 	if mr.AccessOf(err) == mr.AccessNotFound {
 		// GitLab does not show the project at all (access lost, project moved): that
@@ -80,7 +74,7 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.
 	}
 	if mr.ClassOf(err) == mr.ClassNotFound {
 		// The MR was deleted (or the project moved): nothing can merge it any more.
-		_, err = l.s.settleFailure(ctx, b, failure{ClassMRMissing, fmt.Sprintf("merge request !%d no longer exists", *b.MRIID)}, log)
+		_, err = l.s.settleFailure(ctx, b, failure{domain.ClassMRMissing, fmt.Sprintf("merge request !%d no longer exists", *b.MRIID)}, log)
 		return err
 	}
 	if err != nil {
@@ -92,7 +86,7 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.
 		_, err := l.s.settleSucceeded(ctx, b, log)
 		return err
 	case mr.StateClosed:
-		f := failure{ClassClosedByUser, fmt.Sprintf("merge request !%d was closed without merging, not by batcherd", m.IID)}
+		f := failure{domain.ClassClosedByUser, fmt.Sprintf("merge request !%d was closed without merging, not by batcherd", m.IID)}
 		if b.FailClass != "" {
 			// batcherd recorded a failure class before closing it: a settle that did not
 			// finish. Resume it with that class.
@@ -110,7 +104,7 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.
 		return err
 	}
 	if code, msg := blockReason(b, m); code != "" {
-		if code == CodePipelineFailed && m.FailureReasonErr != nil {
+		if code == domain.BlockPipelineFailed && m.FailureReasonErr != nil {
 			// Why the pipeline failed decides what isolation does (retry the group for
 			// an infrastructure failure, bisect for a test failure). A reason GitLab did
 			// not give us is not "unknown": read as unknown, a runner failure was
@@ -128,7 +122,7 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.
 				return err
 			}
 		}
-		if b.Status == store.BatchBlocked {
+		if b.Status == domain.BatchBlocked {
 			return nil // still blocked; the timeout sweep bounds how long
 		}
 		nb, err := l.s.st.BatchBlock(ctx, b.ID, b.Version, code, msg)
@@ -139,7 +133,7 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.
 		log.Warn("batch blocked", "code", code, "message", msg, "version", nb.Version)
 		return nil
 	}
-	if b.Status == store.BatchBlocked {
+	if b.Status == domain.BatchBlocked {
 		// The reason went away (pipeline retried, conflict resolved): back to RUNNING,
 		// and fall through to re-arm the merge.
 		nb, err := l.s.st.BatchUnblock(ctx, b.ID, b.Version)
@@ -203,28 +197,28 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b store.Batch, log *slog.
 
 // blockReason says why an open MR cannot merge as it stands, or "" when it can (or may
 // once its pipeline finishes).
-func blockReason(b store.Batch, m mr.MergeRequest) (code, msg string) {
+func blockReason(b domain.Batch, m mr.MergeRequest) (code, msg string) {
 	switch {
 	// First: once someone else pushed to the batch branch, its pipeline and its
 	// conflicts are theirs, not the members'. Isolating on them would close the MR
 	// (discarding the push) and bisect or blame members for it; head_moved blocks for
 	// an operator whatever BATCHERD_ON_FAILURE says.
 	case b.MRSHA != "" && m.SHA != "" && m.SHA != b.MRSHA:
-		return CodeHeadMoved, fmt.Sprintf("the head of %s is %s, not the commit batcherd made (%s)", m.SourceBranch, short(m.SHA), short(b.MRSHA))
+		return domain.BlockHeadMoved, fmt.Sprintf("the head of %s is %s, not the commit batcherd made (%s)", m.SourceBranch, short(m.SHA), short(b.MRSHA))
 	case m.PipelineStatus == "failed" || m.PipelineStatus == "canceled":
 		msg := fmt.Sprintf("pipeline %d of merge request !%d %s", m.PipelineID, m.IID, m.PipelineStatus)
 		if m.FailureReason != "" {
 			msg += ": " + m.FailureReason
 		}
-		return CodePipelineFailed, msg
+		return domain.BlockPipelineFailed, msg
 	case (m.PipelineStatus == "skipped" || m.PipelineStatus == "manual") && m.DetailedMergeStatus != "mergeable" && !m.MergeabilityPending():
 		// A skipped pipeline, or one waiting for a manual job, never passes by itself
 		// (unless the project counts skipped as passed: then the MR reads mergeable).
-		return CodeCIBlocked, fmt.Sprintf("pipeline %d of merge request !%d is %s: it will not pass by itself (check the CI rules for batch branches, or play the manual job)", m.PipelineID, m.IID, m.PipelineStatus)
+		return domain.BlockCIBlocked, fmt.Sprintf("pipeline %d of merge request !%d is %s: it will not pass by itself (check the CI rules for batch branches, or play the manual job)", m.PipelineID, m.IID, m.PipelineStatus)
 	case m.HasConflicts || m.DetailedMergeStatus == "conflict":
-		return CodeMergeConflict, fmt.Sprintf("merge request !%d has conflicts with its target branch", m.IID)
+		return domain.BlockMergeConflict, fmt.Sprintf("merge request !%d has conflicts with its target branch", m.IID)
 	case m.DetailedMergeStatus == "need_rebase":
-		return CodeNeedRebase, fmt.Sprintf("merge request !%d needs a rebase onto its target branch", m.IID)
+		return domain.BlockNeedRebase, fmt.Sprintf("merge request !%d needs a rebase onto its target branch", m.IID)
 	}
 	return "", ""
 }
@@ -235,12 +229,12 @@ func blockReason(b store.Batch, m mr.MergeRequest) (code, msg string) {
 // not second-guess them (the timeout bounds the wait).
 func failureClass(code string, m mr.MergeRequest) domain.FailureClass {
 	switch code {
-	case CodePipelineFailed:
+	case domain.BlockPipelineFailed:
 		return pipelineClass(m.PipelineStatus, m.FailureReason)
-	case CodeMergeConflict, CodeNeedRebase:
-		return ClassConflict
-	case CodeCIBlocked:
-		return ClassCIBlocked
+	case domain.BlockMergeConflict, domain.BlockNeedRebase:
+		return domain.ClassConflict
+	case domain.BlockCIBlocked:
+		return domain.ClassCIBlocked
 	}
 	return ""
 }

@@ -8,10 +8,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // Issue #14, lie 2 at run time: a token GitLab refuses (401) left one log line and a
@@ -33,7 +34,7 @@ func TestTokenRefusedHoldsWorkUntilFixed(t *testing.T) {
 	if err != nil || res.Outcome != store.ClaimClaimed {
 		t.Fatalf("round: %+v %v", res, err)
 	}
-	var b store.Batch
+	var b domain.Batch
 	waitUntil(t, 20*time.Second, "the batch is published", func() bool {
 		_ = s.publish.runOnce(bg)
 		b, _ = e.st.BatchGet(bg, res.BatchID)
@@ -50,10 +51,10 @@ func TestTokenRefusedHoldsWorkUntilFixed(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	cur, _ := e.st.BatchGet(bg, b.ID)
-	if cur.Status != store.BatchRunning {
+	if cur.Status != domain.BatchRunning {
 		t.Fatalf("batch %s (%s: %s) while GitLab refused the token; want it held running", cur.Status, cur.ErrorCode, cur.ErrorMessage)
 	}
-	e.requireOps(ids, store.OpInBatch)
+	e.requireOps(ids, domain.OpInBatch)
 	states, err := e.st.RepoHealths(bg)
 	if err != nil {
 		t.Fatal(err)
@@ -77,17 +78,17 @@ func TestTokenRefusedHoldsWorkUntilFixed(t *testing.T) {
 	e.due(b.ID)
 	_ = s.reconcile.runOnce(bg) // the first probe GitLab answers
 	_ = s.timeout.runOnce(bg)
-	if cur, _ := e.st.BatchGet(bg, b.ID); cur.Status != store.BatchRunning {
+	if cur, _ := e.st.BatchGet(bg, b.ID); cur.Status != domain.BatchRunning {
 		t.Fatalf("the timeout sweep settled the batch %s (%s: %s) as soon as GitLab answered again", cur.Status, cur.ErrorCode, cur.ErrorMessage)
 	}
 	if err := e.sim.SucceedMRPipeline(repo, *b.MRIID); err != nil {
 		t.Fatal(err)
 	}
 	e.due(b.ID)
-	if done := e.drive(s, b.ID, 10*time.Second); done.Status != store.BatchSucceeded {
+	if done := e.drive(s, b.ID, 10*time.Second); done.Status != domain.BatchSucceeded {
 		t.Fatalf("batch %s (%s: %s) after the token was fixed, want succeeded", done.Status, done.ErrorCode, done.ErrorMessage)
 	}
-	e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+	e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
 	// Leaving a refusal is recorded in the background: soon, not necessarily yet.
 	waitUntil(t, 10*time.Second, "repo_state says ok again", func() bool {
 		states, _ = e.st.RepoHealths(bg)
@@ -114,8 +115,8 @@ func TestContentRefusalFailsAtOnceAndIsolatesTheMember(t *testing.T) {
 	}
 	_ = s.publish.runOnce(bg)
 	first, _ := e.st.BatchGet(bg, res.BatchID)
-	if first.Status != store.BatchFailed || first.ErrorCode != string(ClassRefused) || !strings.Contains(first.ErrorMessage, "Path is not allowed by the server") {
-		t.Fatalf("first batch: %s %s %q; want failed at once, %s, with GitLab's message", first.Status, first.ErrorCode, first.ErrorMessage, ClassRefused)
+	if first.Status != domain.BatchFailed || first.ErrorCode != string(domain.ClassRefused) || !strings.Contains(first.ErrorMessage, "Path is not allowed by the server") {
+		t.Fatalf("first batch: %s %s %q; want failed at once, %s, with GitLab's message", first.Status, first.ErrorCode, first.ErrorMessage, domain.ClassRefused)
 	}
 	// Bisection goes on by itself (each settle claims the next half); a round now and
 	// then stands in for the schedule. A batch timeout of an hour never fires here.
@@ -124,15 +125,15 @@ func TestContentRefusalFailsAtOnceAndIsolatesTheMember(t *testing.T) {
 		_ = s.publish.runOnce(bg)
 		_ = s.reconcile.runOnce(bg)
 		for _, op := range e.ops(append(append([]string{}, good...), bad...)) {
-			if op.Status != store.OpMerged && op.Status != store.OpFailed {
+			if op.Status != domain.OpMerged && op.Status != domain.OpFailed {
 				return false
 			}
 		}
 		return true
 	})
-	e.requireFiles(repo, e.requireOps(good, store.OpMerged), true)
-	culprit := e.requireOps(bad, store.OpFailed)[bad[0]]
-	if culprit.ErrorCode != ReasonCulprit || !strings.Contains(culprit.ErrorMessage, "Path is not allowed") {
+	e.requireFiles(repo, e.requireOps(good, domain.OpMerged), true)
+	culprit := e.requireOps(bad, domain.OpFailed)[bad[0]]
+	if culprit.ErrorCode != domain.ReasonCulprit || !strings.Contains(culprit.ErrorMessage, "Path is not allowed") {
 		t.Fatalf("refused member: %s %q, want culprit with GitLab's message", culprit.ErrorCode, culprit.ErrorMessage)
 	}
 }
@@ -142,11 +143,11 @@ func TestContentRefusalFailsAtOnceAndIsolatesTheMember(t *testing.T) {
 func TestRevokeIsNotLostToATreeListing(t *testing.T) {
 	e := newEnv(t, gitlabsim.Options{}, repo)
 	bg := context.Background()
-	ids := storetest.InsertOps(t, e.st, storetest.Ops{Repo: repo, N: 2, Action: store.ActionRevoke, Admit: true})
+	ids := storetest.InsertOps(t, e.st, storetest.Ops{Repo: repo, N: 2, Action: domain.ActionRevoke, Admit: true})
 	files := map[string]*string{}
 	for _, op := range e.ops(ids) {
 		content := "subject: " + op.Subject + "\noperation_id: an-earlier-grant\n"
-		files[mr.BindingPath(op.Subject, op.Target)] = &content
+		files[domain.BindingPath(op.Subject, op.Target)] = &content
 	}
 	if _, err := e.sim.PushToDefault(repo, files, "the grants being revoked"); err != nil {
 		t.Fatal(err)
@@ -159,10 +160,10 @@ func TestRevokeIsNotLostToATreeListing(t *testing.T) {
 	}
 	b := e.drive(s, res.BatchID, 20*time.Second)
 	e.sim.ClearFaults()
-	if b.Status != store.BatchSucceeded {
+	if b.Status != domain.BatchSucceeded {
 		t.Fatalf("batch %s (%s: %s)", b.Status, b.ErrorCode, b.ErrorMessage)
 	}
-	e.requireOps(ids, store.OpMerged)
+	e.requireOps(ids, domain.OpMerged)
 	main := e.sim.Files(repo)
 	for p := range files {
 		if _, ok := main[p]; ok {

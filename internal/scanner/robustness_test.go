@@ -20,6 +20,8 @@ import (
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // logBuffer collects a scanner's log lines so a test can check what was reported.
@@ -204,7 +206,7 @@ func TestMergedWinsReachesEveryFailedBatch(t *testing.T) {
 	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
 	s := e.scanner("a", func(c *Config) { c.MergeMode = MergeManual; c.ScanLimit = 2 })
 	bg := context.Background()
-	var last store.Batch
+	var last domain.Batch
 	var lastIDs []string
 	for i := 0; i < 5; i++ {
 		ids := storetest.InsertQueuedOps(t, e.st, repo, 1)
@@ -226,10 +228,10 @@ func TestMergedWinsReachesEveryFailedBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got, _ := e.st.BatchGet(bg, last.ID); got.Status != store.BatchSucceeded {
+	if got, _ := e.st.BatchGet(bg, last.ID); got.Status != domain.BatchSucceeded {
 		t.Fatalf("the newest failed batch, merged by hand, is %s after three passes, want succeeded", got.Status)
 	}
-	e.requireOps(lastIDs, store.OpMerged)
+	e.requireOps(lastIDs, domain.OpMerged)
 }
 
 // A batch whose changes the repository already has (revokes of files a human deleted)
@@ -240,7 +242,7 @@ func TestNothingToChangeSettlesWithoutAnMR(t *testing.T) {
 	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
 	s := e.scanner("a", nil)
 	bg := context.Background()
-	ids := storetest.InsertOps(t, e.st, storetest.Ops{Repo: repo, N: 3, Action: store.ActionRevoke, Admit: true})
+	ids := storetest.InsertOps(t, e.st, storetest.Ops{Repo: repo, N: 3, Action: domain.ActionRevoke, Admit: true})
 	res, err := s.RunRound(bg, repo)
 	if err != nil || res.Outcome != store.ClaimClaimed {
 		t.Fatalf("round: %+v %v", res, err)
@@ -249,7 +251,7 @@ func TestNothingToChangeSettlesWithoutAnMR(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _ := e.st.BatchGet(bg, res.BatchID)
-	if b.Status != store.BatchSucceeded || b.MRIID != nil {
+	if b.Status != domain.BatchSucceeded || b.MRIID != nil {
 		t.Fatalf("batch of revokes of absent files: %s, MR %v; want succeeded without an MR", b.Status, b.MRIID)
 	}
 	if n := len(e.sim.MRsByBranch(repo)); n != 0 {
@@ -258,7 +260,7 @@ func TestNothingToChangeSettlesWithoutAnMR(t *testing.T) {
 	if _, ok := e.sim.Branches(repo)[e.branch(b.ID)]; ok {
 		t.Fatal("the empty batch branch was left behind")
 	}
-	e.requireOps(ids, store.OpMerged)
+	e.requireOps(ids, domain.OpMerged)
 	var why int
 	if err := e.st.DB().Get(&why, "SELECT COUNT(*) FROM audit_event WHERE batch_id = ? AND code = ?", b.ID, store.EventBatchUnchanged); err != nil || why != 1 {
 		t.Fatalf("%d %s events for the batch (%v), want one saying why it has no MR", why, store.EventBatchUnchanged, err)
@@ -266,7 +268,7 @@ func TestNothingToChangeSettlesWithoutAnMR(t *testing.T) {
 	for _, id := range ids {
 		op, _ := e.st.OperationGet(bg, id)
 		bs, _ := e.st.BindingList(bg, op.Subject, op.Target, 0, 1)
-		if len(bs) != 1 || bs[0].Status != store.BindingClosed {
+		if len(bs) != 1 || bs[0].Status != domain.BindingClosed {
 			t.Fatalf("binding of %s: %+v, want closed", id, bs)
 		}
 	}
@@ -292,13 +294,13 @@ func TestHeadMovedBlocksEvenWhenItsPipelineFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _ = e.st.BatchGet(bg, b.ID)
-	if b.Status != store.BatchBlocked || b.ErrorCode != CodeHeadMoved {
-		t.Fatalf("pipeline failed on a human's push: batch %s/%s, want blocked/%s", b.Status, b.ErrorCode, CodeHeadMoved)
+	if b.Status != domain.BatchBlocked || b.ErrorCode != domain.BlockHeadMoved {
+		t.Fatalf("pipeline failed on a human's push: batch %s/%s, want blocked/%s", b.Status, b.ErrorCode, domain.BlockHeadMoved)
 	}
 	if m, _ := e.sim.MR(repo, *b.MRIID); m.State != "opened" {
 		t.Fatalf("the MR with the human's push is %s, want opened", m.State)
 	}
-	e.requireOps(ids, store.OpInBatch)
+	e.requireOps(ids, domain.OpInBatch)
 }
 
 // A settle that found its culprit (this batch was bisection half 1) claims the next
@@ -315,7 +317,7 @@ func TestCulpritSettleClaimsTheNextHalf(t *testing.T) {
 		if err := s.publish.runOnce(bg); err != nil {
 			t.Fatal(err)
 		}
-		var act []store.Batch
+		var act []domain.Batch
 		if err := e.st.DB().Select(&act, "SELECT id, mr_iid FROM merge_batch WHERE status IN (1, 4) AND mr_iid IS NOT NULL"); err != nil || len(act) != 1 {
 			t.Fatalf("active published batches: %+v %v, want one", act, err)
 		}
@@ -363,7 +365,7 @@ func TestUnreadableFailureReasonWaits(t *testing.T) {
 	if e.sim.FaultApplied(refused) == 0 {
 		t.Fatal("the jobs listing was not read")
 	}
-	if got, _ := e.st.BatchGet(bg, b.ID); got.Status != store.BatchRunning {
+	if got, _ := e.st.BatchGet(bg, b.ID); got.Status != domain.BatchRunning {
 		t.Fatalf("batch settled on a reason it could not read: %s/%s", got.Status, got.ErrorCode)
 	}
 	e.sim.ClearFaults()
@@ -372,11 +374,11 @@ func TestUnreadableFailureReasonWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, _ := e.st.BatchGet(bg, b.ID)
-	if got.Status != store.BatchFailed || got.ErrorCode != string(ClassInfra) {
-		t.Fatalf("once readable: batch %s/%s, want failed/%s", got.Status, got.ErrorCode, ClassInfra)
+	if got.Status != domain.BatchFailed || got.ErrorCode != string(domain.ClassInfra) {
+		t.Fatalf("once readable: batch %s/%s, want failed/%s", got.Status, got.ErrorCode, domain.ClassInfra)
 	}
-	for _, op := range e.requireOps(ids, store.OpInBatch) { // retried as a group, claimed at once
-		if op.ErrorCode == ReasonCulprit {
+	for _, op := range e.requireOps(ids, domain.OpInBatch) { // retried as a group, claimed at once
+		if op.ErrorCode == domain.ReasonCulprit {
 			t.Fatalf("%s named the culprit of an infrastructure failure", op.OperationID)
 		}
 	}
@@ -414,8 +416,8 @@ func TestLockedMRIsWaitedFor(t *testing.T) {
 	if err := s.reconcile.runOnce(bg); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := e.st.BatchGet(bg, b.ID); got.Status != store.BatchSucceeded {
+	if got, _ := e.st.BatchGet(bg, b.ID); got.Status != domain.BatchSucceeded {
 		t.Fatalf("after the merge landed: %s/%s, want succeeded", got.Status, got.ErrorCode)
 	}
-	e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+	e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
 }

@@ -14,6 +14,8 @@ import (
 
 	"github.com/batcherd/batcherd/internal/mr"
 	"github.com/batcherd/batcherd/internal/store"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // GitLab is what the scanner needs from the GitLab layer; *mr.Client satisfies it.
@@ -400,7 +402,7 @@ func runItem[T any](ctx context.Context, s *Scanner, it T, fn func(context.Conte
 		if r := recover(); r != nil {
 			loop := loopOf(ctx)
 			log := s.log.With("loop", loop)
-			if b, ok := any(it).(store.Batch); ok {
+			if b, ok := any(it).(domain.Batch); ok {
 				log = batchLog(log, b)
 			} else {
 				log = log.With("item", it)
@@ -419,6 +421,6 @@ func isLost(err error) bool { return errors.Is(err, store.ErrLostRace) }
 // isCanceled reports that the work was cancelled (shutdown or test crash), not failed.
 func isCanceled(err error) bool { return errors.Is(err, context.Canceled) }
 
-func batchLog(l *slog.Logger, b store.Batch) *slog.Logger {
+func batchLog(l *slog.Logger, b domain.Batch) *slog.Logger {
 	return l.With("repo", b.Repo, "batch_id", b.ID)
 }

@@ -19,6 +19,8 @@ import (
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 const repo = "platform/access"
@@ -48,10 +50,10 @@ func TestHappyPathAutoMerge(t *testing.T) {
 		t.Errorf("MR labels %v lack %q", m.Labels, mr.Label)
 	}
 	b = e.drive(s, res.BatchID, 10*time.Second)
-	if b.Status != store.BatchSucceeded {
+	if b.Status != domain.BatchSucceeded {
 		t.Fatalf("batch %s (%s: %s), want succeeded", b.Status, b.ErrorCode, b.ErrorMessage)
 	}
-	ops := e.requireOps(ids, store.OpMerged)
+	ops := e.requireOps(ids, domain.OpMerged)
 	e.requireFiles(repo, ops, true)
 	if n := len(e.mrsOf(repo, b.ID)); n != 1 {
 		t.Errorf("%d MRs for the batch branch, want 1", n)
@@ -120,10 +122,10 @@ func TestRevokeDeletesFile(t *testing.T) {
 	if err != nil || res.Outcome != store.ClaimClaimed {
 		t.Fatalf("RunRound = %+v, %v", res, err)
 	}
-	if b := e.drive(s, res.BatchID, 10*time.Second); b.Status != store.BatchSucceeded {
+	if b := e.drive(s, res.BatchID, 10*time.Second); b.Status != domain.BatchSucceeded {
 		t.Fatalf("grant batch %s", b.Status)
 	}
-	gops := e.requireOps(grants, store.OpMerged)
+	gops := e.requireOps(grants, domain.OpMerged)
 	e.requireFiles(repo, gops, true)
 
 	// Revoke the first grant through the expiry path: an expired active binding gets a
@@ -141,15 +143,15 @@ func TestRevokeDeletesFile(t *testing.T) {
 	if err != nil || res.Outcome != store.ClaimClaimed || len(res.OperationIDs) != 1 {
 		t.Fatalf("revoke RunRound = %+v, %v", res, err)
 	}
-	if b := e.drive(s, res.BatchID, 10*time.Second); b.Status != store.BatchSucceeded {
+	if b := e.drive(s, res.BatchID, 10*time.Second); b.Status != domain.BatchSucceeded {
 		t.Fatalf("revoke batch %s", b.Status)
 	}
-	e.requireOps(res.OperationIDs, store.OpMerged)
-	if _, ok := e.sim.Files(repo)[mr.BindingPath(first.Subject, first.Target)]; ok {
+	e.requireOps(res.OperationIDs, domain.OpMerged)
+	if _, ok := e.sim.Files(repo)[domain.BindingPath(first.Subject, first.Target)]; ok {
 		t.Errorf("revoked binding's file still on main")
 	}
 	bs, err := e.st.BindingList(ctx, first.Subject, first.Target, 0, 10)
-	if err != nil || len(bs) != 1 || bs[0].Status != store.BindingClosed {
+	if err != nil || len(bs) != 1 || bs[0].Status != domain.BindingClosed {
 		t.Errorf("binding after revoke: %+v, %v", bs, err)
 	}
 	// A second expiry pass finds nothing to do.
@@ -178,9 +180,9 @@ func TestPipelineFailureBlocksThenUnblocks(t *testing.T) {
 	waitUntil(t, 5*time.Second, "batch blocked", func() bool {
 		_ = s.reconcile.runOnce(ctx)
 		b, _ = e.st.BatchGet(ctx, res.BatchID)
-		return b.Status == store.BatchBlocked
+		return b.Status == domain.BatchBlocked
 	})
-	if b.ErrorCode != CodePipelineFailed || !strings.Contains(b.ErrorMessage, "script_failure") {
+	if b.ErrorCode != domain.BlockPipelineFailed || !strings.Contains(b.ErrorMessage, "script_failure") {
 		t.Errorf("blocked with %s: %s", b.ErrorCode, b.ErrorMessage)
 	}
 	// The slot stays taken while blocked.
@@ -193,10 +195,10 @@ func TestPipelineFailureBlocksThenUnblocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	b = e.drive(s, res.BatchID, 10*time.Second)
-	if b.Status != store.BatchSucceeded {
+	if b.Status != domain.BatchSucceeded {
 		t.Fatalf("batch %s, want succeeded", b.Status)
 	}
-	e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+	e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
 }
 
 func TestDirectMode(t *testing.T) {
@@ -222,10 +224,10 @@ func TestDirectMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	b = e.drive(s, res.BatchID, 10*time.Second)
-	if b.Status != store.BatchSucceeded {
+	if b.Status != domain.BatchSucceeded {
 		t.Fatalf("batch %s", b.Status)
 	}
-	e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+	e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
 }
 
 func TestManualModeMRClosedByHuman(t *testing.T) {
@@ -245,12 +247,12 @@ func TestManualModeMRClosedByHuman(t *testing.T) {
 		t.Fatal(err)
 	}
 	b = e.drive(s, res.BatchID, 10*time.Second)
-	if b.Status != store.BatchFailed || b.ErrorCode != string(ClassClosedByUser) {
+	if b.Status != domain.BatchFailed || b.ErrorCode != string(domain.ClassClosedByUser) {
 		t.Fatalf("batch %s %s, want failed closed_by_user", b.Status, b.ErrorCode)
 	}
-	ops := e.requireOps(ids, store.OpFailed)
+	ops := e.requireOps(ids, domain.OpFailed)
 	for id, op := range ops {
-		if op.ErrorCode != string(ClassClosedByUser) {
+		if op.ErrorCode != string(domain.ClassClosedByUser) {
 			t.Errorf("operation %s failed with %s, want closed_by_user (no retry)", id, op.ErrorCode)
 		}
 	}
@@ -312,7 +314,7 @@ func TestRunStopsGracefully(t *testing.T) {
 	// The cron round claims within a second; the loops publish and settle.
 	waitUntil(t, 15*time.Second, "operations merged", func() bool {
 		for _, op := range e.ops(ids) {
-			if op.Status != store.OpMerged {
+			if op.Status != domain.OpMerged {
 				return false
 			}
 		}
@@ -414,10 +416,10 @@ func TestShutdownAbandonsLongStep(t *testing.T) {
 		t.Fatalf("%d batches", len(bs))
 	}
 	b := e.drive(e.scanner("b", nil), bs[0].ID, 15*time.Second)
-	if b.Status != store.BatchSucceeded {
+	if b.Status != domain.BatchSucceeded {
 		t.Fatalf("batch %s", b.Status)
 	}
-	e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+	e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
 	if mrs := e.mrsOf(repo, b.ID); len(mrs) != 1 {
 		t.Errorf("%d MRs", len(mrs))
 	}
@@ -431,7 +433,7 @@ func TestExpiryTwoReplicasOneRevoke(t *testing.T) {
 	a, b := e.scanner("a", nil), e.scanner("b", nil)
 	ids := storetest.InsertQueuedOps(t, e.st, repo, 20)
 	res, _ := a.RunRound(ctx, repo)
-	if bt := e.drive(a, res.BatchID, 10*time.Second); bt.Status != store.BatchSucceeded {
+	if bt := e.drive(a, res.BatchID, 10*time.Second); bt.Status != domain.BatchSucceeded {
 		t.Fatalf("grant batch %s", bt.Status)
 	}
 	if _, err := e.st.DB().ExecContext(ctx, "UPDATE binding SET expires_at = CURRENT_TIMESTAMP(6) - INTERVAL 1 SECOND"); err != nil {
@@ -451,7 +453,7 @@ func TestExpiryTwoReplicasOneRevoke(t *testing.T) {
 		t.Fatalf("%d revoke operations for %d expired bindings (%v)", revokes, len(ids), err)
 	}
 	res, _ = a.RunRound(ctx, repo)
-	if bt := e.drive(b, res.BatchID, 10*time.Second); bt.Status != store.BatchSucceeded || len(bt.OperationIDs) != len(ids) {
+	if bt := e.drive(b, res.BatchID, 10*time.Second); bt.Status != domain.BatchSucceeded || len(bt.OperationIDs) != len(ids) {
 		t.Fatalf("revoke batch %s with %d members", bt.Status, len(bt.OperationIDs))
 	}
 	for p := range e.sim.Files(repo) {

@@ -16,12 +16,7 @@ import (
 
 // Failure codes recorded on a batch and its members by settle failure. The failure
 // classes of policy.go are codes too.
-const (
-	CodeTimeout      = string(domain.ClassTimeout)
-	CodeMRMissing    = string(domain.ClassMRMissing)
-	CodeManualSettle = string(domain.ClassManual)
-	CodeEmptyBatch   = string(domain.ClassEmpty)
-)
+const ()
 
 // errStillOpen is mr.ErrStillOpen, the answer the admin API turns into a 409.
 var errStillOpen = mr.ErrStillOpen
@@ -48,7 +43,7 @@ var errStillOpen = mr.ErrStillOpen
 // settleAfter, closedByHuman), tested without GitLab. GitLab trouble at steps 1–3
 // aborts the settle (the batch stays active and is retried): failing a batch whose MR
 // may still merge is what fencing forbids.
-func (s *Scanner) settleFailure(ctx context.Context, b store.Batch, f failure, log *slog.Logger) (store.Batch, error) {
+func (s *Scanner) settleFailure(ctx context.Context, b domain.Batch, f failure, log *slog.Logger) (domain.Batch, error) {
 	m, found, err := s.findBatchMR(ctx, b)
 	if err != nil {
 		return b, err
@@ -66,7 +61,7 @@ func (s *Scanner) settleFailure(ctx context.Context, b store.Batch, f failure, l
 		}
 	case settleReread:
 		if m.State == mr.StateClosed && closedByHuman(b.FailClass, f) {
-			f = failure{ClassClosedByUser, fmt.Sprintf("merge request !%d was closed without merging (not by batcherd) while the batch was being failed for %s: %s", m.IID, f.class, f.msg)}
+			f = failure{domain.ClassClosedByUser, fmt.Sprintf("merge request !%d was closed without merging (not by batcherd) while the batch was being failed for %s: %s", m.IID, f.class, f.msg)}
 		}
 	}
 	if next != settleApply {
@@ -125,11 +120,11 @@ func settleAfter(state string) settleStep {
 // closed before batcherd ever decided to close it — by a human. The failure becomes
 // closed_by_user, unless its class is final or already that.
 func closedByHuman(recorded domain.FailureClass, f failure) bool {
-	return recorded == "" && retriable(f.class) && f.class != ClassClosedByUser
+	return recorded == "" && retriable(f.class) && f.class != domain.ClassClosedByUser
 }
 
 // findBatchMR is settle step 1.
-func (s *Scanner) findBatchMR(ctx context.Context, b store.Batch) (mr.MergeRequest, bool, error) {
+func (s *Scanner) findBatchMR(ctx context.Context, b domain.Batch) (mr.MergeRequest, bool, error) {
 	if b.MRIID != nil {
 		m, err := s.gl.GetMR(ctx, b.Repo, *b.MRIID)
 		switch {
@@ -153,7 +148,7 @@ func (s *Scanner) findBatchMR(ctx context.Context, b store.Batch) (mr.MergeReque
 // closeForFailure is settle step 2 for an open MR: the class goes on record before
 // the close (guarded; bumps version), so a settle interrupted after the close is
 // resumed with it rather than read as a human's close.
-func (s *Scanner) closeForFailure(ctx context.Context, b store.Batch, f failure, m mr.MergeRequest) (store.Batch, error) {
+func (s *Scanner) closeForFailure(ctx context.Context, b domain.Batch, f failure, m mr.MergeRequest) (domain.Batch, error) {
 	if b.FailClass != f.class {
 		nb, err := s.st.BatchMarkFailing(ctx, b.ID, b.Version, f.class)
 		if err != nil {
@@ -170,7 +165,7 @@ func (s *Scanner) closeForFailure(ctx context.Context, b store.Batch, f failure,
 }
 
 // mergedWhileFailing is settle step 3's "merged wins".
-func (s *Scanner) mergedWhileFailing(ctx context.Context, b store.Batch, m mr.MergeRequest, f failure, log *slog.Logger) (store.Batch, error) {
+func (s *Scanner) mergedWhileFailing(ctx context.Context, b domain.Batch, m mr.MergeRequest, f failure, log *slog.Logger) (domain.Batch, error) {
 	log.Info("merge request merged while being failed: merged wins", "mr_iid", m.IID, "class", f.class)
 	if b.MRIID == nil {
 		// Found by its branch, never recorded (its publisher died or lost the answer
@@ -189,7 +184,7 @@ func (s *Scanner) mergedWhileFailing(ctx context.Context, b store.Batch, m mr.Me
 
 // applyFailure is settle step 4: the members' fates planned by the failure policy and
 // applied in one store transaction, then metrics, the log line and the follow-up claim.
-func (s *Scanner) applyFailure(ctx context.Context, b store.Batch, f failure, log *slog.Logger) (store.Batch, error) {
+func (s *Scanner) applyFailure(ctx context.Context, b domain.Batch, f failure, log *slog.Logger) (domain.Batch, error) {
 	members, err := s.st.BatchWaitingMembers(ctx, b.ID)
 	if err != nil {
 		return b, err
@@ -213,7 +208,7 @@ func (s *Scanner) applyFailure(ctx context.Context, b store.Batch, f failure, lo
 }
 
 // observeFailure counts a failure settlement in the metrics.
-func (s *Scanner) observeFailure(b, nb store.Batch, f failure, out planOutcome) {
+func (s *Scanner) observeFailure(b, nb domain.Batch, f failure, out planOutcome) {
 	s.m.settles.WithLabelValues("failed", string(f.class)).Inc()
 	s.observeBatch(nb, "failed")
 	switch out.action {
@@ -231,7 +226,7 @@ func (s *Scanner) observeFailure(b, nb store.Batch, f failure, out planOutcome) 
 }
 
 // settleSucceeded settles an active batch as merged, guarded on the version read.
-func (s *Scanner) settleSucceeded(ctx context.Context, b store.Batch, log *slog.Logger) (store.Batch, error) {
+func (s *Scanner) settleSucceeded(ctx context.Context, b domain.Batch, log *slog.Logger) (domain.Batch, error) {
 	nb, err := s.st.BatchSettleSucceeded(ctx, b.ID, b.Status, b.Version)
 	if err != nil {
 		return b, err
@@ -244,7 +239,7 @@ func (s *Scanner) settleSucceeded(ctx context.Context, b store.Batch, log *slog.
 
 // settleUnchanged settles a running batch whose changes the repository already has as
 // succeeded without an MR, guarded on the version read.
-func (s *Scanner) settleUnchanged(ctx context.Context, b store.Batch, log *slog.Logger) (store.Batch, error) {
+func (s *Scanner) settleUnchanged(ctx context.Context, b domain.Batch, log *slog.Logger) (domain.Batch, error) {
 	nb, err := s.st.BatchSettleUnchanged(ctx, b.ID, b.Version)
 	if err != nil {
 		return b, err
@@ -256,7 +251,7 @@ func (s *Scanner) settleUnchanged(ctx context.Context, b store.Batch, log *slog.
 
 // succeeded is what follows a batch settled succeeded: metrics, and the next half or
 // retry group, or waiting urgent work, claimed at once.
-func (s *Scanner) succeeded(ctx context.Context, nb store.Batch, log *slog.Logger) {
+func (s *Scanner) succeeded(ctx context.Context, nb domain.Batch, log *slog.Logger) {
 	s.step(ctx, "settle.succeeded", nb.ID)
 	s.m.settles.WithLabelValues("succeeded", "").Inc()
 	s.observeBatch(nb, "succeeded")
@@ -270,7 +265,7 @@ func (s *Scanner) succeeded(ctx context.Context, nb store.Batch, log *slog.Logge
 // mergedAfterFailed applies "merged wins" to a FAILED batch whose MR merged anyway (a
 // human merged it, or a merge landed while the batch was being failed): guarded
 // FAILED → SUCCEEDED with its members, and an audit event saying why.
-func (s *Scanner) mergedAfterFailed(ctx context.Context, b store.Batch, m mr.MergeRequest, log *slog.Logger) error {
+func (s *Scanner) mergedAfterFailed(ctx context.Context, b domain.Batch, m mr.MergeRequest, log *slog.Logger) error {
 	if b.MRIID == nil {
 		// The MR was found by its branch (the orphan sweep closing it, a publisher that
 		// lost its record): record it first, so the SUCCEEDED batch names the MR that
@@ -283,7 +278,7 @@ func (s *Scanner) mergedAfterFailed(ctx context.Context, b store.Batch, m mr.Mer
 		}
 		b = rb
 	}
-	nb, err := s.st.BatchSettleSucceeded(ctx, b.ID, store.BatchFailed, b.Version)
+	nb, err := s.st.BatchSettleSucceeded(ctx, b.ID, domain.BatchFailed, b.Version)
 	if err != nil {
 		return err
 	}
@@ -312,19 +307,19 @@ func (s *Scanner) mergedAfterFailed(ctx context.Context, b store.Batch, m mr.Mer
 // SUCCEEDED instead. A FAILED batch whose MR has merged since is moved to SUCCEEDED
 // (merged wins). Other settled batches are returned as they are. store.ErrNotFound
 // when the batch does not exist.
-func (s *Scanner) SettleBatch(ctx context.Context, id int64) (store.Batch, error) {
+func (s *Scanner) SettleBatch(ctx context.Context, id int64) (domain.Batch, error) {
 	var lastErr error
 	for attempt := range 5 {
 		if attempt > 0 && !sleep(ctx, backoff(50*time.Millisecond, time.Second, attempt), nil) {
-			return store.Batch{}, ctx.Err()
+			return domain.Batch{}, ctx.Err()
 		}
 		b, err := s.st.BatchGet(ctx, id)
 		if err != nil {
-			return store.Batch{}, err
+			return domain.Batch{}, err
 		}
 		log := batchLog(s.log.With("loop", "admin"), b)
 		if !b.Status.Active() {
-			if b.Status == store.BatchFailed && b.MRIID != nil {
+			if b.Status == domain.BatchFailed && b.MRIID != nil {
 				m, err := s.gl.GetMR(ctx, b.Repo, *b.MRIID)
 				if err != nil {
 					return b, err
@@ -359,7 +354,7 @@ func (s *Scanner) SettleBatch(ctx context.Context, id int64) (store.Batch, error
 		if err != nil {
 			return b, err
 		}
-		_, err = s.settleFailure(ctx, rb, failure{ClassManual, "settled as failed by an operator"}, log)
+		_, err = s.settleFailure(ctx, rb, failure{domain.ClassManual, "settled as failed by an operator"}, log)
 		if isLost(err) {
 			lastErr = err
 			continue
@@ -369,11 +364,11 @@ func (s *Scanner) SettleBatch(ctx context.Context, id int64) (store.Batch, error
 		}
 		return s.st.BatchGet(ctx, id)
 	}
-	return store.Batch{}, fmt.Errorf("settle batch %d: kept losing races with other replicas: %w", id, lastErr)
+	return domain.Batch{}, fmt.Errorf("settle batch %d: kept losing races with other replicas: %w", id, lastErr)
 }
 
 // observeBatch records a settled batch's claim-to-settle duration (DB clock).
-func (s *Scanner) observeBatch(b store.Batch, outcome string) {
+func (s *Scanner) observeBatch(b domain.Batch, outcome string) {
 	if b.FinishedAt != nil && !b.CreatedAt.IsZero() {
 		s.m.batchDuration.WithLabelValues(outcome).Observe(b.FinishedAt.Sub(b.CreatedAt).Seconds())
 	}
@@ -381,7 +376,7 @@ func (s *Scanner) observeBatch(b store.Batch, outcome string) {
 
 // observeMerged records the time to merge of each operation a batch merged (creation
 // to settlement, DB clock), per repository. Metrics only: a failed read is logged.
-func (s *Scanner) observeMerged(ctx context.Context, b store.Batch, log *slog.Logger) {
+func (s *Scanner) observeMerged(ctx context.Context, b domain.Batch, log *slog.Logger) {
 	lat, err := s.st.BatchMergeLatencies(ctx, b.ID)
 	if err != nil {
 		if !isCanceled(err) {

@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/batcherd/batcherd/internal/store"
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // timeoutConfig is the timeout sweep's slice of Config.
@@ -35,7 +35,7 @@ func (l *timeoutLoop) runOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	started, failed := forEach(ctx, l.s, l.cfg.workers, old, func(ctx context.Context, b store.Batch) error {
+	started, failed := forEach(ctx, l.s, l.cfg.workers, old, func(ctx context.Context, b domain.Batch) error {
 		log := batchLog(l.log, b)
 		rb, err := l.s.st.BatchReserve(ctx, b.ID, b.Version, l.cfg.lease)
 		if err != nil {
@@ -43,13 +43,13 @@ func (l *timeoutLoop) runOnce(ctx context.Context) error {
 		}
 		l.s.step(ctx, "timeout.reserved", b.ID)
 		msg := fmt.Sprintf("batch did not finish within %s (status %s)", l.cfg.timeout, rb.Status)
-		class := ClassTimeout
-		if rb.Status == store.BatchBlocked && rb.ErrorMessage != "" {
+		class := domain.ClassTimeout
+		if rb.Status == domain.BatchBlocked && rb.ErrorMessage != "" {
 			msg += ": blocked: " + rb.ErrorMessage
 		} else if rb.MRIID == nil {
 			// Publishing never got as far as recording an MR: GitLab refused or was
 			// unreachable for the whole timeout.
-			class = ClassUnavailable
+			class = domain.ClassUnavailable
 			msg += ": no merge request was recorded (GitLab unavailable or refusing the publish)"
 		}
 		_, err = l.s.settleFailure(ctx, rb, failure{class, truncate(msg, 1024)}, log)

@@ -8,6 +8,8 @@ import (
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // Found by the chaos run (test/chaos): a publisher opened the batch's MR and died
@@ -56,13 +58,13 @@ func TestMergedWinsRecordsAnUnrecordedMR(t *testing.T) {
 	})
 
 	b, _ := e.st.BatchGet(bg, res.BatchID)
-	if b.Status != store.BatchSucceeded {
+	if b.Status != domain.BatchSucceeded {
 		t.Fatalf("batch %s (%s), want succeeded: its MR merged", b.Status, b.ErrorCode)
 	}
 	if b.MRIID == nil || *b.MRIID != mrs[0].IID || b.MRURL == "" {
 		t.Fatalf("SUCCEEDED batch records MR %v %q, want !%d", b.MRIID, b.MRURL, mrs[0].IID)
 	}
-	e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+	e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
 	e.requireClean()
 }
 
@@ -107,7 +109,7 @@ func TestTimeoutWaitsForALivePublish(t *testing.T) {
 	if err := sweeper.timeout.runOnce(bg); err != nil {
 		t.Fatalf("timeout pass: %v", err)
 	}
-	if b, _ := e.st.BatchGet(bg, res.BatchID); b.Status != store.BatchRunning {
+	if b, _ := e.st.BatchGet(bg, res.BatchID); b.Status != domain.BatchRunning {
 		t.Fatalf("batch %s (%s) while its publisher held it, want running", b.Status, b.ErrorCode)
 	}
 	close(resume)
@@ -123,10 +125,10 @@ func TestTimeoutWaitsForALivePublish(t *testing.T) {
 	// The reservation lapses; the sweeper's loops (its publish leaves a batch past the
 	// timeout) settle it.
 	b := e.drive(sweeper, res.BatchID, 10*time.Second)
-	if b.Status != store.BatchSucceeded || b.MRIID == nil || *b.MRIID != mrs[0].IID {
+	if b.Status != domain.BatchSucceeded || b.MRIID == nil || *b.MRIID != mrs[0].IID {
 		t.Fatalf("batch %s (%s) MR %v, want succeeded with !%d", b.Status, b.ErrorCode, b.MRIID, mrs[0].IID)
 	}
-	e.requireFiles(repo, e.requireOps(ids, store.OpMerged), true)
+	e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
 	var batches int
 	if err := e.st.DB().Get(&batches, "SELECT COUNT(*) FROM merge_batch"); err != nil || batches != 1 {
 		t.Fatalf("%d batches (%v), want 1: nothing requeued", batches, err)
@@ -156,8 +158,8 @@ func TestPublishLeavesATimedOutBatch(t *testing.T) {
 	if err := s.timeout.runOnce(bg); err != nil {
 		t.Fatal(err)
 	}
-	if b, _ := e.st.BatchGet(bg, res.BatchID); b.Status != store.BatchFailed || b.ErrorCode != string(ClassUnavailable) {
-		t.Fatalf("batch %s (%s), want failed %s", b.Status, b.ErrorCode, ClassUnavailable)
+	if b, _ := e.st.BatchGet(bg, res.BatchID); b.Status != domain.BatchFailed || b.ErrorCode != string(domain.ClassUnavailable) {
+		t.Fatalf("batch %s (%s), want failed %s", b.Status, b.ErrorCode, domain.ClassUnavailable)
 	}
 }
 
@@ -191,8 +193,8 @@ func TestMergedAfterFailedRecordsAnUnrecordedMR(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, _ := e.st.BatchGet(bg, b.ID)
-	if got.Status != store.BatchSucceeded || got.MRIID == nil || *got.MRIID != iid {
+	if got.Status != domain.BatchSucceeded || got.MRIID == nil || *got.MRIID != iid {
 		t.Fatalf("merged wins left batch %s with MR %v, want succeeded naming !%d", got.Status, got.MRIID, iid)
 	}
-	e.requireOps(ids, store.OpMerged)
+	e.requireOps(ids, domain.OpMerged)
 }

@@ -52,6 +52,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jmoiron/sqlx"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 const (
@@ -227,7 +229,7 @@ func (s *Store) groupCompound(ctx context.Context, a *admitter, work []*admitReq
 func optimisticCandidates(work []*admitReq) ([]accepted, bool) {
 	acc := make([]accepted, 0, len(work))
 	for _, r := range work {
-		if r.p.Action != ActionGrant {
+		if r.p.Action != domain.ActionGrant {
 			return nil, false
 		}
 		// The expiry is checked in SQL; decide as if the clock allowed it.

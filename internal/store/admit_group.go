@@ -51,6 +51,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // admitOutcome says what a request's caller does once its group is done.
@@ -70,7 +72,7 @@ type admitReq struct {
 	state atomic.Int32
 
 	outcome admitOutcome
-	op      Operation
+	op      domain.Operation
 	err     error
 }
 
@@ -214,7 +216,7 @@ var admitAfterRead func(ctx context.Context)
 
 // groupBinding is a binding as the group read it.
 type groupBinding struct {
-	Binding
+	domain.Binding
 	found bool
 }
 
@@ -243,7 +245,7 @@ func idemOf(p OperationCreateParams) idemRef { return idemRef{p.RequestedBy, p.I
 type accepted struct {
 	r      *admitReq
 	repo   string
-	status OpStatus
+	status domain.OpStatus
 	b      groupBinding // as read
 	attrs  any
 	exp    any
@@ -346,9 +348,9 @@ func answer(acc []accepted, ids []int64, now time.Time) {
 // for, the decisions of the group (repo, status) and what the database assigned.
 func answerOne(x accepted, id int64, created, updated time.Time) {
 	p := x.r.p
-	op := Operation{
+	op := domain.Operation{
 		ID: id, OperationID: p.OperationID, Subject: p.Subject, Target: p.Target,
-		Repo: x.repo, Action: p.Action, Status: x.status, Priority: PriorityNormal, Version: 1,
+		Repo: x.repo, Action: p.Action, Status: x.status, Priority: domain.PriorityNormal, Version: 1,
 		Attributes: []byte{}, CreatedAt: created, UpdatedAt: updated,
 		RequestedBy: p.RequestedBy, ApprovedBy: approvedByOnCreate(p),
 	}
@@ -492,9 +494,9 @@ func admitReadResult(rows []admitReadRow) (now time.Time, bindings map[relKey]gr
 		case "n":
 			now = row.TS.Time.UTC()
 		case "b":
-			b := Binding{
+			b := domain.Binding{
 				ID: row.ID.Int64, Subject: row.Subject.String, Target: row.Target.String, Repo: row.Repo.String,
-				Status: BindingStatus(row.Status.String), OperationID: row.OperationID.String, Version: row.Version.Int64,
+				Status: domain.BindingStatus(row.Status.String), OperationID: row.OperationID.String, Version: row.Version.Int64,
 			}
 			bindings[relKey{b.Subject, b.Target}] = groupBinding{Binding: b, found: true}
 		case "k":
@@ -510,9 +512,9 @@ func admitReadResult(rows []admitReadRow) (now time.Time, bindings map[relKey]gr
 // decideAdmission is the per-request decision of OperationCreateSerial, on the
 // group's read: the same checks in the same order, the same errors.
 func decideAdmission(p OperationCreateParams, now time.Time, b groupBinding) (accepted, error) {
-	x := accepted{b: b, repo: p.Repo, status: OpPendingApproval}
+	x := accepted{b: b, repo: p.Repo, status: domain.OpPendingApproval}
 	if p.ExpiresAt != nil {
-		if p.Action != ActionGrant {
+		if p.Action != domain.ActionGrant {
 			return x, fmt.Errorf("%w: expires_at applies to grants only", ErrInvalidRequest)
 		}
 		// DATETIME(6) keeps microseconds; the comparison is the database's
@@ -527,7 +529,7 @@ func decideAdmission(p OperationCreateParams, now time.Time, b groupBinding) (ac
 	}
 	x.repo = repo
 	if p.AutoApprove {
-		x.status = OpQueued
+		x.status = domain.OpQueued
 	}
 	if len(p.Attributes) > 0 {
 		x.attrs = string(p.Attributes)
@@ -639,7 +641,7 @@ func bindingWrites(acc []accepted) []admitStmt {
 		args := make([]any, 0, 6*len(fresh))
 		for _, x := range fresh {
 			p := x.r.p
-			args = append(args, p.Subject, p.Target, x.repo, BindingPending, p.OperationID, x.exp)
+			args = append(args, p.Subject, p.Target, x.repo, domain.BindingPending, p.OperationID, x.exp)
 		}
 		stmts = append(stmts, admitStmt{`INSERT INTO binding (subject, target, repo, status, operation_id, expires_at) VALUES ` +
 			values("(?, ?, ?, ?, ?, ?)", len(fresh)), args, int64(len(fresh))})
@@ -658,15 +660,15 @@ func reuseWrite(reuse []accepted) admitStmt {
 	var status, opID, repo, exp strings.Builder
 	var aStatus, aOp, aRepo, aExp, aWhere []any
 	for _, x := range reuse {
-		to := BindingPending
-		if x.r.p.Action == ActionRevoke {
-			to = BindingRevoking
+		to := domain.BindingPending
+		if x.r.p.Action == domain.ActionRevoke {
+			to = domain.BindingRevoking
 		}
 		status.WriteString(" WHEN ? THEN ?")
 		aStatus = append(aStatus, x.b.ID, to)
 		opID.WriteString(" WHEN ? THEN ?")
 		aOp = append(aOp, x.b.ID, x.r.p.OperationID)
-		if x.r.p.Action == ActionGrant {
+		if x.r.p.Action == domain.ActionGrant {
 			// A grant re-applies in place: its repo and expiry replace the old ones; a
 			// revoke keeps both (the file stays where it is until the revoke merges).
 			repo.WriteString(" WHEN ? THEN ?")
@@ -698,7 +700,7 @@ func reuseWrite(reuse []accepted) admitStmt {
 func waitingWrites(acc []accepted) []admitStmt {
 	var queued []accepted
 	for _, x := range acc {
-		if x.status == OpQueued {
+		if x.status == domain.OpQueued {
 			queued = append(queued, x)
 		}
 	}
@@ -724,7 +726,7 @@ func auditWrite(acc []accepted) admitStmt {
 		args = append(args, "op:"+id+":"+EventCreated, id, EventCreated,
 			truncateUTF8(string(p.Action)+" "+p.Subject+" → "+p.Target, 2048), p.RequestedBy)
 		n++
-		if x.status == OpQueued {
+		if x.status == domain.OpQueued {
 			args = append(args, "op:"+id+":"+EventAdmitted, id, EventAdmitted, "auto-approved", AutoApprover)
 			n++
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // AdmitOptions tunes admission. Zero values take the defaults.
@@ -85,28 +87,28 @@ func (s *Store) AdmitStats() AdmitStats {
 }
 
 // admitGrouped runs one OperationCreate through the group path.
-func (s *Store) admitGrouped(ctx context.Context, p OperationCreateParams) (Operation, bool, error) {
+func (s *Store) admitGrouped(ctx context.Context, p OperationCreateParams) (domain.Operation, bool, error) {
 	if err := p.checkStorable(); err != nil {
-		return Operation{}, false, err
+		return domain.Operation{}, false, err
 	}
 	a := s.admitter()
 	// Urgent applications are few and must not wait for a group: the per-request path
 	// writes their priority (the group's multi-row writes carry normal ones only).
-	if p.Priority != "" && p.Priority != PriorityNormal {
+	if p.Priority != "" && p.Priority != domain.PriorityNormal {
 		return s.OperationCreateSerial(ctx, p)
 	}
 	if err := ctx.Err(); err != nil {
-		return Operation{}, false, err
+		return domain.Operation{}, false, err
 	}
 	r := &admitReq{p: p, done: make(chan struct{})}
 	if !a.submit(ctx, s, r) {
-		return Operation{}, false, ctx.Err()
+		return domain.Operation{}, false, ctx.Err()
 	}
 	if r.outcome == admitSerial {
 		return s.OperationCreateSerial(ctx, p)
 	}
 	if r.err != nil {
-		return Operation{}, false, r.err
+		return domain.Operation{}, false, r.err
 	}
 	return r.op, true, nil
 }

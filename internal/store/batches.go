@@ -486,7 +486,7 @@ func (s *Store) followUpDue(ctx context.Context, repo string) (bool, error) {
 	if err != nil {
 		return false, translate(err)
 	}
-	return head.Grp != "" || head.Lane == laneOf(PriorityUrgent), nil
+	return head.Grp != "" || head.Lane == laneOf(domain.PriorityUrgent), nil
 }
 
 // readClaimGroup reads the claim group of the first waiting row of repo in queue order
@@ -511,7 +511,7 @@ func readClaimGroup(ctx context.Context, tx *sqlx.Tx, repo string, max int, grou
 	// A follow-up round also goes on for urgent work: an urgent operation that met a
 	// held slot is claimed as soon as that batch settles, not at the next scheduled
 	// round.
-	if groupsOnly && grp == "" && head.Lane != laneOf(PriorityUrgent) {
+	if groupsOnly && grp == "" && head.Lane != laneOf(domain.PriorityUrgent) {
 		return "", nil, ClaimNothingToClaim, nil
 	}
 	var rows []waitingRow
@@ -540,7 +540,7 @@ func claimRequests(ctx context.Context, tx *sqlx.Tx, batchID int64, reqIDs []int
 			args = append(args, id)
 		}
 		r, err := tx.ExecContext(ctx,
-			"UPDATE merge_batch_request SET batch_id = ?, tries = tries + (kind <> '"+KindBisect+"') WHERE batch_id IS NULL AND id IN ("+
+			"UPDATE merge_batch_request SET batch_id = ?, tries = tries + (kind <> '"+domain.KindBisect+"') WHERE batch_id IS NULL AND id IN ("+
 				inPlaceholders(hi-lo)+")", args...)
 		if err != nil {
 			return err
@@ -560,11 +560,11 @@ func claimOperations(ctx context.Context, tx *sqlx.Tx, batchID int64, sortedOps 
 	var moved int64
 	err := forChunks(len(sortedOps), maxInPlaceholders, func(lo, hi int) error {
 		args := make([]any, 0, hi-lo+3)
-		args = append(args, OpInBatch, batchID)
+		args = append(args, domain.OpInBatch, batchID)
 		for _, id := range sortedOps[lo:hi] {
 			args = append(args, id)
 		}
-		args = append(args, OpQueued)
+		args = append(args, domain.OpQueued)
 		r, err := tx.ExecContext(ctx,
 			`UPDATE operation SET status = ?, batch_id = ?, attempts = attempts + 1,
 			        version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
@@ -602,7 +602,7 @@ func finishClaimedBatch(ctx context.Context, tx *sqlx.Tx, batchID int64, repo, g
 	head := rows[0]
 	kind := head.Kind
 	if grp == "" {
-		kind = KindFirstTry
+		kind = domain.KindFirstTry
 	}
 	r, err := tx.ExecContext(ctx,
 		"UPDATE merge_batch SET size = ?, source_branch = ?, kind = ?, grp = ?, parent_id = ?, depth = ? WHERE id = ?",
@@ -675,7 +675,7 @@ func takeSlot(ctx context.Context, tx *sqlx.Tx, repo string, noWait bool) (int64
 		return nil
 	}
 	insert := func(q string) (int64, error) {
-		r, err := tx.ExecContext(ctx, q, repo, BatchRunning)
+		r, err := tx.ExecContext(ctx, q, repo, domain.BatchRunning)
 		if err != nil {
 			return 0, err
 		}
@@ -786,8 +786,8 @@ func insertMemberEvents(ctx context.Context, tx *sqlx.Tx, batchID int64, evs []m
 }
 
 // getBatch reads one batch row through q (the pool or a transaction).
-func getBatch(ctx context.Context, q sqlx.QueryerContext, id int64) (Batch, error) {
-	var b Batch
+func getBatch(ctx context.Context, q sqlx.QueryerContext, id int64) (domain.Batch, error) {
+	var b domain.Batch
 	err := sqlx.GetContext(ctx, q, &b, "SELECT "+batchCols+" FROM merge_batch WHERE id = ?", id)
 	return b, translate(err)
 }
@@ -800,8 +800,8 @@ func memberIDs(ctx context.Context, q sqlx.QueryerContext, batchID int64) ([]str
 }
 
 // BatchGet returns a batch with its OperationIDs (from member history).
-func (s *Store) BatchGet(ctx context.Context, id int64) (Batch, error) {
-	var b Batch
+func (s *Store) BatchGet(ctx context.Context, id int64) (domain.Batch, error) {
+	var b domain.Batch
 	// REPEATABLE READ so the batch row and its member list come from one snapshot.
 	err := s.withTx(ctx, sql.LevelRepeatableRead, func(tx *sqlx.Tx) error {
 		var err error
@@ -818,15 +818,15 @@ func (s *Store) BatchGet(ctx context.Context, id int64) (Batch, error) {
 // AfterID is the cursor (return batches with id < AfterID when > 0).
 type BatchFilter struct {
 	Repo    string
-	Status  BatchStatus // 0 = any
-	Limit   int         // default 50, max 500
+	Status  domain.BatchStatus // 0 = any
+	Limit   int                // default 50, max 500
 	AfterID int64
 }
 
 // BatchList lists batches (without OperationIDs), newest first.
-func (s *Store) BatchList(ctx context.Context, f BatchFilter) ([]Batch, error) {
+func (s *Store) BatchList(ctx context.Context, f BatchFilter) ([]domain.Batch, error) {
 	q, args := qBatchList(f)
-	out := []Batch{}
+	out := []domain.Batch{}
 	err := s.db.SelectContext(ctx, &out, q, args...)
 	return out, translate(err)
 }
@@ -863,19 +863,19 @@ func qBatchList(f BatchFilter) (string, []any) {
 
 // BatchMembers returns the operations of a batch (from member history), sorted by
 // operation_id — what publish needs to write the files.
-func (s *Store) BatchMembers(ctx context.Context, batchID int64) ([]Operation, error) {
-	out := []Operation{}
+func (s *Store) BatchMembers(ctx context.Context, batchID int64) ([]domain.Operation, error) {
+	out := []domain.Operation{}
 	err := s.db.SelectContext(ctx, &out, qBatchMembers, batchID)
 	return out, translate(err)
 }
 
 // BatchesDue is the fetch half of fetch → tryLock: active batches whose next_check_at
 // has passed (DB clock), oldest check first. Read without locks.
-func (s *Store) BatchesDue(ctx context.Context, limit int) ([]Batch, error) {
+func (s *Store) BatchesDue(ctx context.Context, limit int) ([]domain.Batch, error) {
 	if limit <= 0 {
 		limit = 100
 	}
-	out := []Batch{}
+	out := []domain.Batch{}
 	err := s.db.SelectContext(ctx, &out, qBatchesDue, limit)
 	return out, translate(err)
 }
@@ -883,15 +883,15 @@ func (s *Store) BatchesDue(ctx context.Context, limit int) ([]Batch, error) {
 // guardedBatchWrite runs one guarded UPDATE on merge_batch (the caller's SET and status
 // guard, plus version guard, version bump and updated_at) and returns the row as now
 // stored. ErrLostRace when the guard matched nothing.
-func (s *Store) guardedBatchWrite(ctx context.Context, id, version int64, set, statusGuard string, args ...any) (Batch, error) {
+func (s *Store) guardedBatchWrite(ctx context.Context, id, version int64, set, statusGuard string, args ...any) (domain.Batch, error) {
 	return s.guardedBatchWriteThen(ctx, id, version, set, statusGuard, nil, args...)
 }
 
 // guardedBatchWriteThen is guardedBatchWrite with more work in the same transaction
 // after the guarded write won (then may be nil).
 func (s *Store) guardedBatchWriteThen(ctx context.Context, id, version int64, set, statusGuard string,
-	then func(tx *sqlx.Tx) error, args ...any) (Batch, error) {
-	var b Batch
+	then func(tx *sqlx.Tx) error, args ...any) (domain.Batch, error) {
+	var b domain.Batch
 	// READ COMMITTED: the write is a single-row primary-key UPDATE whose guard reads the
 	// latest committed row anyway; the lower level just avoids any gap locking and the
 	// snapshot-isolation 1020 that newer MariaDB raises under REPEATABLE READ.
@@ -920,7 +920,7 @@ func (s *Store) guardedBatchWriteThen(ctx context.Context, id, version int64, se
 // BatchReserve is the tryLock half: it pushes next_check_at to NOW(6)+lease and bumps
 // version, guarded on id, version and an active status. It returns the batch as now
 // stored, or ErrLostRace when another replica took it first.
-func (s *Store) BatchReserve(ctx context.Context, id, version int64, lease time.Duration) (Batch, error) {
+func (s *Store) BatchReserve(ctx context.Context, id, version int64, lease time.Duration) (domain.Batch, error) {
 	return s.guardedBatchWrite(ctx, id, version,
 		"next_check_at = CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND", "status IN (1, 4)", micros(lease))
 }
@@ -957,7 +957,7 @@ func (s *Store) BatchMarkDue(ctx context.Context, id int64) error {
 // BatchRecordMRFailed records on a FAILED batch without one the MR that merged for its
 // branch after all (found by branch: its publisher never recorded it), so that merged
 // wins leaves a SUCCEEDED batch naming the MR that merged it. Guarded on version.
-func (s *Store) BatchRecordMRFailed(ctx context.Context, id, version int64, mr MRRecord) (Batch, error) {
+func (s *Store) BatchRecordMRFailed(ctx context.Context, id, version int64, mr MRRecord) (domain.Batch, error) {
 	return s.guardedBatchWrite(ctx, id, version, "mr_iid = ?, mr_url = ?, mr_sha = ?",
 		"status = 3 AND mr_iid IS NULL", mr.IID, truncRunes(mr.URL, 1024), mr.SHA)
 }
@@ -973,7 +973,7 @@ type MRRecord struct {
 // before any merge is armed), and appends a published event per member in the same
 // transaction (one INSERT … SELECT over the member history). ErrLostRace when the
 // batch moved on.
-func (s *Store) BatchRecordMR(ctx context.Context, id, version int64, mr MRRecord) (Batch, error) {
+func (s *Store) BatchRecordMR(ctx context.Context, id, version int64, mr MRRecord) (domain.Batch, error) {
 	url := truncRunes(mr.URL, 1024)
 	detail := fmt.Sprintf("merge request !%d of batch %d opened: %s", mr.IID, id, url)
 	return s.guardedBatchWriteThen(ctx, id, version,
@@ -990,7 +990,7 @@ func (s *Store) BatchRecordMR(ctx context.Context, id, version int64, mr MRRecor
 }
 
 // BatchBlock moves RUNNING → BLOCKED (keeps the slot) with a reason, guarded on version.
-func (s *Store) BatchBlock(ctx context.Context, id, version int64, code, message string) (Batch, error) {
+func (s *Store) BatchBlock(ctx context.Context, id, version int64, code, message string) (domain.Batch, error) {
 	return s.guardedBatchWrite(ctx, id, version,
 		"status = 4, error_code = ?, error_message = ?", "status = 1",
 		truncRunes(code, errorCodeLen), truncRunes(message, errorMessageLen))
@@ -998,17 +998,17 @@ func (s *Store) BatchBlock(ctx context.Context, id, version int64, code, message
 
 // BatchUnblock moves BLOCKED → RUNNING (e.g. the pipeline was retried), guarded on version.
 // The block reason is cleared: a running batch carries no error.
-func (s *Store) BatchUnblock(ctx context.Context, id, version int64) (Batch, error) {
+func (s *Store) BatchUnblock(ctx context.Context, id, version int64) (domain.Batch, error) {
 	return s.guardedBatchWrite(ctx, id, version,
 		"status = 1, error_code = '', error_message = ''", "status = 4")
 }
 
 // settledOp is a member operation as a settlement locks it.
 type settledOp struct {
-	OperationID string `db:"operation_id"`
-	Action      Action `db:"action"`
-	Subject     string `db:"subject"`
-	Target      string `db:"target"`
+	OperationID string        `db:"operation_id"`
+	Action      domain.Action `db:"action"`
+	Subject     string        `db:"subject"`
+	Target      string        `db:"target"`
 }
 
 // BatchSettleSucceeded settles a batch as merged in one transaction, batch guard first
@@ -1019,41 +1019,41 @@ type settledOp struct {
 //
 // Members of a bisection half (or of a retry of one) also get a bystander event: they
 // were in a failed batch and this merge clears them.
-func (s *Store) BatchSettleSucceeded(ctx context.Context, id int64, from BatchStatus, version int64) (Batch, error) {
+func (s *Store) BatchSettleSucceeded(ctx context.Context, id int64, from domain.BatchStatus, version int64) (domain.Batch, error) {
 	return s.batchSettleSucceeded(ctx, id, from, version, false)
 }
 
 // BatchSettleUnchanged settles a RUNNING batch whose changes the repository already has
 // (every member a revoke of a file that is gone) as succeeded without an MR, like
 // BatchSettleSucceeded, with an EventBatchUnchanged saying why there is no MR.
-func (s *Store) BatchSettleUnchanged(ctx context.Context, id, version int64) (Batch, error) {
-	return s.batchSettleSucceeded(ctx, id, BatchRunning, version, true)
+func (s *Store) BatchSettleUnchanged(ctx context.Context, id, version int64) (domain.Batch, error) {
+	return s.batchSettleSucceeded(ctx, id, domain.BatchRunning, version, true)
 }
 
-func (s *Store) batchSettleSucceeded(ctx context.Context, id int64, from BatchStatus, version int64, unchanged bool) (Batch, error) {
-	opFrom, grantFrom, revokeFrom := OpInBatch, BindingPending, BindingRevoking
+func (s *Store) batchSettleSucceeded(ctx context.Context, id int64, from domain.BatchStatus, version int64, unchanged bool) (domain.Batch, error) {
+	opFrom, grantFrom, revokeFrom := domain.OpInBatch, domain.BindingPending, domain.BindingRevoking
 	detail, code, suffix := "merge request merged", EventBatchMerged, "merged"
 	if unchanged {
 		detail, code, suffix = "the repository already had every change of the batch; no merge request was needed", EventBatchUnchanged, "unchanged"
 	}
 	switch from {
-	case BatchRunning, BatchBlocked:
-	case BatchFailed:
+	case domain.BatchRunning, domain.BatchBlocked:
+	case domain.BatchFailed:
 		// Merged wins: the repository holds the files although the database said the
 		// batch failed, so members and bindings follow the repository from the states the
 		// failure left them in (grant binding failed, revoke binding back to active).
-		opFrom, grantFrom, revokeFrom = OpFailed, BindingFailed, BindingActive
+		opFrom, grantFrom, revokeFrom = domain.OpFailed, domain.BindingFailed, domain.BindingActive
 		detail = "merge request merged after the batch was settled failed: the repository wins"
 	default:
-		return Batch{}, fmt.Errorf("store: cannot settle a batch as succeeded from status %s", from)
+		return domain.Batch{}, fmt.Errorf("store: cannot settle a batch as succeeded from status %s", from)
 	}
-	var b Batch
+	var b domain.Batch
 	// READ COMMITTED: every statement is a guarded or locking write on rows found by
 	// unique keys, which read the latest committed version anyway; the lower level keeps
 	// the IN-list range writes from taking gap locks that admissions or other settles
 	// would queue behind.
 	err := s.withTx(ctx, sql.LevelReadCommitted, func(tx *sqlx.Tx) error {
-		if err := settleBatchRow(ctx, tx, id, from, version, BatchSucceeded, "", "", ""); err != nil {
+		if err := settleBatchRow(ctx, tx, id, from, version, domain.BatchSucceeded, "", "", ""); err != nil {
 			return err
 		}
 		members, err := memberIDs(ctx, tx, id)
@@ -1064,10 +1064,10 @@ func (s *Store) batchSettleSucceeded(ctx context.Context, id int64, from BatchSt
 		if err != nil {
 			return err
 		}
-		if err := moveOps(ctx, tx, id, opIDsOf(ops), opFrom, OpMerged, "", ""); err != nil {
+		if err := moveOps(ctx, tx, id, opIDsOf(ops), opFrom, domain.OpMerged, "", ""); err != nil {
 			return err
 		}
-		if err := moveBindings(ctx, tx, ops, grantFrom, BindingActive, revokeFrom, BindingClosed); err != nil {
+		if err := moveBindings(ctx, tx, ops, grantFrom, domain.BindingActive, revokeFrom, domain.BindingClosed); err != nil {
 			return err
 		}
 		if b, err = getBatch(ctx, tx, id); err != nil {
@@ -1076,7 +1076,7 @@ func (s *Store) batchSettleSucceeded(ctx context.Context, id int64, from BatchSt
 		b.OperationIDs = members
 		settled := opIDsOf(ops)
 		if err := recordBatchEvents(ctx, tx, id, code, suffix,
-			fmt.Sprintf("%s; %d of %d member(s) moved to %s", detail, len(ops), len(members), OpMerged),
+			fmt.Sprintf("%s; %d of %d member(s) moved to %s", detail, len(ops), len(members), domain.OpMerged),
 			EventMemberMerged, settled, fmt.Sprintf("batch %d merged: %s", id, detail)); err != nil {
 			return err
 		}
@@ -1100,14 +1100,14 @@ func (s *Store) batchSettleSucceeded(ctx context.Context, id int64, from BatchSt
 // failed with the reason, bindings (grant → failed, revoke → back to active), waiting
 // rows deleted; member history and audit kept. ErrLostRace when another settler was
 // first. It is BatchSettleRequeue with an empty plan.
-func (s *Store) BatchSettleFailed(ctx context.Context, id int64, from BatchStatus, version int64, code, message string) (Batch, error) {
+func (s *Store) BatchSettleFailed(ctx context.Context, id int64, from domain.BatchStatus, version int64, code, message string) (domain.Batch, error) {
 	return s.BatchSettleRequeue(ctx, id, from, version, domain.FailureClass(code), message, nil)
 }
 
 // settleBatchRow is every settlement's first statement: the guarded batch write. A
 // second settler fails right here (ErrLostRace) and changes nothing. failClass is
 // written only when not empty.
-func settleBatchRow(ctx context.Context, tx *sqlx.Tx, id int64, from BatchStatus, version int64, to BatchStatus,
+func settleBatchRow(ctx context.Context, tx *sqlx.Tx, id int64, from domain.BatchStatus, version int64, to domain.BatchStatus,
 	code, message, failClass string) error {
 	r, err := tx.ExecContext(ctx,
 		`UPDATE merge_batch SET status = ?, error_code = ?, error_message = ?,
@@ -1124,7 +1124,7 @@ func settleBatchRow(ctx context.Context, tx *sqlx.Tx, id int64, from BatchStatus
 
 // lockMembers locks, in key order, the members of batch id still in state from in this
 // batch (a member retried into another batch has another batch_id and is left alone).
-func lockMembers(ctx context.Context, tx *sqlx.Tx, id int64, members []string, from OpStatus) ([]settledOp, error) {
+func lockMembers(ctx context.Context, tx *sqlx.Tx, id int64, members []string, from domain.OpStatus) ([]settledOp, error) {
 	var ops []settledOp
 	err := forChunks(len(members), maxInPlaceholders, func(lo, hi int) error {
 		args := make([]any, 0, hi-lo+2)
@@ -1157,9 +1157,9 @@ func opIDsOf(ops []settledOp) []string {
 // message, in chunks. A move to queued (a requeue) also clears batch_id: the operation
 // waits again. We hold the row locks since lockMembers, so anything but a full match
 // means the rows are not what we locked: refuse rather than half-settle.
-func moveOps(ctx context.Context, tx *sqlx.Tx, id int64, opIDs []string, from, to OpStatus, code, message string) error {
+func moveOps(ctx context.Context, tx *sqlx.Tx, id int64, opIDs []string, from, to domain.OpStatus, code, message string) error {
 	clear := ""
-	if to == OpQueued {
+	if to == domain.OpQueued {
 		clear = "batch_id = NULL, "
 	}
 	return forChunks(len(opIDs), maxInPlaceholders, func(lo, hi int) error {
@@ -1198,11 +1198,11 @@ func qMoveBindings(n int) string {
 // being in the expected state. A binding that does not match is left as it is: the
 // batch outcome is a fact about the repository and must not be refused over one
 // relation, and I5 keeps a binding with an in-flight operation from being taken over.
-func moveBindings(ctx context.Context, tx *sqlx.Tx, ops []settledOp, grantFrom, grantTo, revokeFrom, revokeTo BindingStatus) error {
+func moveBindings(ctx context.Context, tx *sqlx.Tx, ops []settledOp, grantFrom, grantTo, revokeFrom, revokeTo domain.BindingStatus) error {
 	for _, kind := range []struct {
-		action   Action
-		from, to BindingStatus
-	}{{ActionGrant, grantFrom, grantTo}, {ActionRevoke, revokeFrom, revokeTo}} {
+		action   domain.Action
+		from, to domain.BindingStatus
+	}{{domain.ActionGrant, grantFrom, grantTo}, {domain.ActionRevoke, revokeFrom, revokeTo}} {
 		var sel []settledOp
 		for _, o := range ops {
 			if o.Action == kind.action {
@@ -1233,13 +1233,13 @@ func moveBindings(ctx context.Context, tx *sqlx.Tx, ops []settledOp, grantFrom, 
 
 // BatchesTimedOut returns active batches created more than timeout ago (DB clock),
 // except those without an MR whose publish reservation is still live.
-func (s *Store) BatchesTimedOut(ctx context.Context, timeout time.Duration, limit int) ([]Batch, error) {
+func (s *Store) BatchesTimedOut(ctx context.Context, timeout time.Duration, limit int) ([]domain.Batch, error) {
 	if limit <= 0 {
 		limit = 100
 	}
-	out := []Batch{}
+	out := []domain.Batch{}
 	err := s.db.SelectContext(ctx, &out, qBatchesTimedOut, micros(timeout), micros(timeout), limit)
-	slices.SortFunc(out, func(a, b Batch) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b domain.Batch) int { return cmp.Compare(a.ID, b.ID) })
 	return out, translate(err)
 }
 
@@ -1251,7 +1251,7 @@ type FailedCursor struct {
 }
 
 // After is the cursor just past b.
-func (c FailedCursor) After(b Batch) FailedCursor {
+func (c FailedCursor) After(b domain.Batch) FailedCursor {
 	return FailedCursor{UpdatedAt: b.UpdatedAt, ID: b.ID}
 }
 
@@ -1260,7 +1260,7 @@ func (c FailedCursor) After(b Batch) FailedCursor {
 // (updated_at, id) order after the cursor. A caller pages through them pass by pass and
 // starts over when a page comes back short: reading the first page every time would
 // never reach the newest failures once more than a page of them accumulate.
-func (s *Store) BatchesFailedWithMR(ctx context.Context, within time.Duration, after FailedCursor, limit int) ([]Batch, error) {
+func (s *Store) BatchesFailedWithMR(ctx context.Context, within time.Duration, after FailedCursor, limit int) ([]domain.Batch, error) {
 	if limit <= 0 {
 		limit = 100
 	}
@@ -1268,7 +1268,7 @@ func (s *Store) BatchesFailedWithMR(ctx context.Context, within time.Duration, a
 	if from.Year() < 1970 {
 		from = time.Unix(0, 0).UTC() // DATETIME(6) holds no year 1 the driver would send
 	}
-	out := []Batch{}
+	out := []domain.Batch{}
 	err := s.db.SelectContext(ctx, &out, qFailedWithMR, micros(within), micros(within), from, from, after.ID, limit)
 	return out, translate(err)
 }

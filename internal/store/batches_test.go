@@ -47,11 +47,11 @@ func btClaim(t testing.TB, st *store.Store, repo string, max int, want store.Cla
 }
 
 // btOpStatus returns the status of each operation.
-func btOpStatus(t testing.TB, st *store.Store, ids []string) map[string]store.OpStatus {
+func btOpStatus(t testing.TB, st *store.Store, ids []string) map[string]domain.OpStatus {
 	t.Helper()
-	out := map[string]store.OpStatus{}
+	out := map[string]domain.OpStatus{}
 	for _, id := range ids {
-		var s store.OpStatus
+		var s domain.OpStatus
 		if err := st.DB().Get(&s, "SELECT status FROM operation WHERE operation_id = ?", id); err != nil {
 			t.Fatalf("operation %s: %v", id, err)
 		}
@@ -61,11 +61,11 @@ func btOpStatus(t testing.TB, st *store.Store, ids []string) map[string]store.Op
 }
 
 // btBindingStatus returns the status of the binding owned by each operation.
-func btBindingStatus(t testing.TB, st *store.Store, ids []string) map[string]store.BindingStatus {
+func btBindingStatus(t testing.TB, st *store.Store, ids []string) map[string]domain.BindingStatus {
 	t.Helper()
-	out := map[string]store.BindingStatus{}
+	out := map[string]domain.BindingStatus{}
 	for _, id := range ids {
-		var s store.BindingStatus
+		var s domain.BindingStatus
 		if err := st.DB().Get(&s, "SELECT status FROM binding WHERE operation_id = ?", id); err != nil {
 			t.Fatalf("binding of %s: %v", id, err)
 		}
@@ -134,15 +134,15 @@ func TestClaimLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.Status != store.BatchRunning || b.Size != 3 || b.SourceBranch != domain.BranchName(inst, b.ID) || b.Repo != repo {
+	if b.Status != domain.BatchRunning || b.Size != 3 || b.SourceBranch != domain.BranchName(inst, b.ID) || b.Repo != repo {
 		t.Fatalf("claimed batch = %+v", b)
 	}
 	want := slices.Sorted(slices.Values(grants[:3]))
 	if !slices.Equal(b.OperationIDs, want) {
 		t.Fatalf("BatchGet members = %v, want %v", b.OperationIDs, want)
 	}
-	btAll(t, "operation", btOpStatus(t, st, grants[:3]), store.OpInBatch)
-	btAll(t, "operation", btOpStatus(t, st, grants[3:]), store.OpQueued)
+	btAll(t, "operation", btOpStatus(t, st, grants[:3]), domain.OpInBatch)
+	btAll(t, "operation", btOpStatus(t, st, grants[3:]), domain.OpQueued)
 	if n := btCount(t, st, "SELECT COUNT(*) FROM operation WHERE batch_id = ?", b.ID); n != 3 {
 		t.Fatalf("%d operations carry batch_id %d, want 3", n, b.ID)
 	}
@@ -164,7 +164,7 @@ func TestClaimLifecycle(t *testing.T) {
 		}
 	}
 	members, err := st.BatchMembers(ctx, b.ID)
-	if err != nil || len(members) != 3 || members[0].OperationID != want[0] || members[0].Status != store.OpInBatch {
+	if err != nil || len(members) != 3 || members[0].OperationID != want[0] || members[0].Status != domain.OpInBatch {
 		t.Fatalf("BatchMembers = %+v, %v", members, err)
 	}
 
@@ -175,38 +175,38 @@ func TestClaimLifecycle(t *testing.T) {
 		t.Fatalf("BatchClaimPrecheck with an active batch = %+v, %v; want waiting, slot held", p, err)
 	}
 
-	b, err = st.BatchSettleSucceeded(ctx, b.ID, store.BatchRunning, b.Version)
+	b, err = st.BatchSettleSucceeded(ctx, b.ID, domain.BatchRunning, b.Version)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.Status != store.BatchSucceeded || b.FinishedAt == nil {
+	if b.Status != domain.BatchSucceeded || b.FinishedAt == nil {
 		t.Fatalf("settled batch = %+v", b)
 	}
-	btAll(t, "operation", btOpStatus(t, st, grants[:3]), store.OpMerged)
-	btAll(t, "binding", btBindingStatus(t, st, grants[:3]), store.BindingActive)
+	btAll(t, "operation", btOpStatus(t, st, grants[:3]), domain.OpMerged)
+	btAll(t, "binding", btBindingStatus(t, st, grants[:3]), domain.BindingActive)
 	if p, err := st.BatchClaimPrecheck(ctx, repo); err != nil || !p.Waiting || p.Held {
 		t.Fatalf("BatchClaimPrecheck after settling = %+v, %v; want waiting, slot free", p, err)
 	}
 
 	// Next round: the two remaining grants plus two revokes, then a failure.
-	revokes := storetest.InsertOps(t, st, storetest.Ops{Repo: repo, N: 2, Action: store.ActionRevoke, Admit: true})
+	revokes := storetest.InsertOps(t, st, storetest.Ops{Repo: repo, N: 2, Action: domain.ActionRevoke, Admit: true})
 	res = btClaim(t, st, repo, 10, store.ClaimClaimed)
 	if len(res.OperationIDs) != 4 {
 		t.Fatalf("second round claimed %d, want 4", len(res.OperationIDs))
 	}
 	b, err = st.BatchBlock(ctx, res.BatchID, 1, "pipeline_failed", "pipeline #7 failed")
-	if err != nil || b.Status != store.BatchBlocked || b.ErrorCode != "pipeline_failed" {
+	if err != nil || b.Status != domain.BatchBlocked || b.ErrorCode != "pipeline_failed" {
 		t.Fatalf("BatchBlock = %+v, %v", b, err)
 	}
 	btClaim(t, st, repo, 3, store.ClaimSlotOccupied) // BLOCKED keeps the slot
-	b, err = st.BatchSettleFailed(ctx, b.ID, store.BatchBlocked, b.Version, "timeout", "no merge within 24h")
-	if err != nil || b.Status != store.BatchFailed || b.ErrorCode != "timeout" {
+	b, err = st.BatchSettleFailed(ctx, b.ID, domain.BatchBlocked, b.Version, "timeout", "no merge within 24h")
+	if err != nil || b.Status != domain.BatchFailed || b.ErrorCode != "timeout" {
 		t.Fatalf("BatchSettleFailed = %+v, %v", b, err)
 	}
-	btAll(t, "operation", btOpStatus(t, st, grants[3:]), store.OpFailed)
-	btAll(t, "operation", btOpStatus(t, st, revokes), store.OpFailed)
-	btAll(t, "binding", btBindingStatus(t, st, grants[3:]), store.BindingFailed)
-	btAll(t, "binding", btBindingStatus(t, st, revokes), store.BindingActive)
+	btAll(t, "operation", btOpStatus(t, st, grants[3:]), domain.OpFailed)
+	btAll(t, "operation", btOpStatus(t, st, revokes), domain.OpFailed)
+	btAll(t, "binding", btBindingStatus(t, st, grants[3:]), domain.BindingFailed)
+	btAll(t, "binding", btBindingStatus(t, st, revokes), domain.BindingActive)
 	if n := btCount(t, st, "SELECT COUNT(*) FROM operation WHERE batch_id = ? AND error_code = 'timeout'", b.ID); n != 4 {
 		t.Fatalf("%d failed members carry the reason, want 4", n)
 	}
@@ -232,17 +232,17 @@ func TestClaimLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	res = btClaim(t, st, repo, 10, store.ClaimClaimed)
-	if _, err := st.BatchSettleSucceeded(ctx, res.BatchID, store.BatchRunning, 1); err != nil {
+	if _, err := st.BatchSettleSucceeded(ctx, res.BatchID, domain.BatchRunning, 1); err != nil {
 		t.Fatal(err)
 	}
-	btAll(t, "binding", btBindingStatus(t, st, revokes[:1]), store.BindingClosed)
+	btAll(t, "binding", btBindingStatus(t, st, revokes[:1]), domain.BindingClosed)
 
 	list, err := st.BatchList(ctx, store.BatchFilter{Repo: repo})
 	if err != nil || len(list) != 3 || list[0].ID != res.BatchID {
 		t.Fatalf("BatchList = %d batches (%v), want 3 newest first", len(list), err)
 	}
-	list, err = st.BatchList(ctx, store.BatchFilter{Status: store.BatchFailed})
-	if err != nil || len(list) != 1 || list[0].Status != store.BatchFailed {
+	list, err = st.BatchList(ctx, store.BatchFilter{Status: domain.BatchFailed})
+	if err != nil || len(list) != 1 || list[0].Status != domain.BatchFailed {
 		t.Fatalf("BatchList(failed) = %+v, %v", list, err)
 	}
 	list, err = st.BatchList(ctx, store.BatchFilter{Repo: repo, AfterID: res.BatchID, Limit: 1})
@@ -315,7 +315,7 @@ func TestI1OneActiveBatchPerRepo(t *testing.T) {
 	// Settler: alternately merges, fails, and blocks-then-fails whatever is active.
 	var settled atomic.Int64
 	settleAll := func(round *int) error {
-		bs, err := st.BatchList(ctx, store.BatchFilter{Repo: repo, Status: store.BatchRunning})
+		bs, err := st.BatchList(ctx, store.BatchFilter{Repo: repo, Status: domain.BatchRunning})
 		if err != nil {
 			return err
 		}
@@ -335,15 +335,15 @@ func TestI1OneActiveBatchPerRepo(t *testing.T) {
 			*round++
 			switch *round % 3 {
 			case 0:
-				err = again(func() error { _, err := st.BatchSettleSucceeded(ctx, b.ID, store.BatchRunning, b.Version); return err })
+				err = again(func() error { _, err := st.BatchSettleSucceeded(ctx, b.ID, domain.BatchRunning, b.Version); return err })
 			case 1:
 				err = again(func() error {
-					_, err := st.BatchSettleFailed(ctx, b.ID, store.BatchRunning, b.Version, "test", "failed by the settler")
+					_, err := st.BatchSettleFailed(ctx, b.ID, domain.BatchRunning, b.Version, "test", "failed by the settler")
 					return err
 				})
 			case 2:
 				if err = again(func() (err error) { b, err = st.BatchBlock(ctx, b.ID, b.Version, "pipeline", "blocked"); return err }); err == nil {
-					err = again(func() error { _, err := st.BatchSettleSucceeded(ctx, b.ID, store.BatchBlocked, b.Version); return err })
+					err = again(func() error { _, err := st.BatchSettleSucceeded(ctx, b.ID, domain.BatchBlocked, b.Version); return err })
 				}
 			}
 			if err != nil {
@@ -496,7 +496,7 @@ func testI1TwoReposInParallel(t *testing.T, noWait bool) {
 			if errs[i] != nil || results[i].Outcome != store.ClaimClaimed {
 				t.Fatalf("round %d: %s got %+v, %v; want claimed", round, r, results[i], errs[i])
 			}
-			if _, err := st.BatchSettleSucceeded(context.Background(), results[i].BatchID, store.BatchRunning, 1); err != nil {
+			if _, err := st.BatchSettleSucceeded(context.Background(), results[i].BatchID, domain.BatchRunning, 1); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -595,7 +595,7 @@ func testSlotClaimInFlight(t *testing.T, noWait bool) {
 			switch results[i].Outcome {
 			case store.ClaimClaimed:
 				won++
-				if _, err := holder.BatchSettleSucceeded(ctx, results[i].BatchID, store.BatchRunning, 1); err != nil {
+				if _, err := holder.BatchSettleSucceeded(ctx, results[i].BatchID, domain.BatchRunning, 1); err != nil {
 					t.Fatal(err)
 				}
 			case store.ClaimSlotOccupied:
@@ -640,7 +640,7 @@ func TestI2PreemptedClaimRollsBack(t *testing.T) {
 	if n := btCount(t, st, "SELECT COUNT(*) FROM merge_batch_request WHERE batch_id IS NOT NULL AND id <> ?", stolen); n != 0 {
 		t.Fatalf("preempted claim kept %d rows claimed", n)
 	}
-	btAll(t, "operation", btOpStatus(t, st, ops), store.OpQueued)
+	btAll(t, "operation", btOpStatus(t, st, ops), domain.OpQueued)
 	if n := btCount(t, st, "SELECT COUNT(*) FROM audit_event"); n != 0 {
 		t.Fatalf("preempted claim recorded %d events", n)
 	}
@@ -681,7 +681,7 @@ func TestClaimSkipsStrayAndNeverHalfClaims(t *testing.T) {
 	if !slices.Equal(res.OperationIDs, []string{ops[0], ops[2]}) {
 		t.Fatalf("claimed %v, want %v", res.OperationIDs, []string{ops[0], ops[2]})
 	}
-	if _, err := st.BatchSettleSucceeded(ctx, res.BatchID, store.BatchRunning, 1); err != nil {
+	if _, err := st.BatchSettleSucceeded(ctx, res.BatchID, domain.BatchRunning, 1); err != nil {
 		t.Fatal(err)
 	}
 	btClaim(t, st, repo, 10, store.ClaimNothingToClaim)
@@ -870,30 +870,30 @@ func TestI6StaleWritesFail(t *testing.T) {
 		t.Fatalf("stale block = %v, want ErrLostRace", err)
 	}
 	b, err = st.BatchUnblock(ctx, b.ID, b.Version)
-	if err != nil || b.Status != store.BatchRunning || b.ErrorCode != "" {
+	if err != nil || b.Status != domain.BatchRunning || b.ErrorCode != "" {
 		t.Fatalf("unblock = %+v, %v", b, err)
 	}
 	if _, err := st.BatchRecordMR(ctx, read.ID, read.Version, store.MRRecord{IID: 7, URL: "u", SHA: "abc"}); !errors.Is(err, store.ErrLostRace) {
 		t.Fatalf("record MR on an ABA'd batch with the stale version = %v, want ErrLostRace", err)
 	}
-	if _, err := st.BatchSettleSucceeded(ctx, read.ID, store.BatchRunning, read.Version); !errors.Is(err, store.ErrLostRace) {
+	if _, err := st.BatchSettleSucceeded(ctx, read.ID, domain.BatchRunning, read.Version); !errors.Is(err, store.ErrLostRace) {
 		t.Fatalf("settle with the stale version = %v, want ErrLostRace", err)
 	}
-	if _, err := st.BatchSettleFailed(ctx, read.ID, store.BatchRunning, r1.Version, "x", "y"); !errors.Is(err, store.ErrLostRace) {
+	if _, err := st.BatchSettleFailed(ctx, read.ID, domain.BatchRunning, r1.Version, "x", "y"); !errors.Is(err, store.ErrLostRace) {
 		t.Fatalf("settle failed with a stale version = %v, want ErrLostRace", err)
 	}
 	got, err := st.BatchGet(ctx, read.ID)
-	if err != nil || got.Status != store.BatchRunning || got.MRIID != nil || got.Version != b.Version {
+	if err != nil || got.Status != domain.BatchRunning || got.MRIID != nil || got.Version != b.Version {
 		t.Fatalf("a stale write changed the batch: %+v, %v", got, err)
 	}
-	btAll(t, "operation", btOpStatus(t, st, got.OperationIDs), store.OpInBatch)
+	btAll(t, "operation", btOpStatus(t, st, got.OperationIDs), domain.OpInBatch)
 
 	// The fresh version works; recording the MR after the batch settled does not.
 	b, err = st.BatchRecordMR(ctx, b.ID, b.Version, store.MRRecord{IID: 7, URL: "https://gitlab/x/-/merge_requests/7", SHA: "abc"})
 	if err != nil || b.MRIID == nil || *b.MRIID != 7 || b.MRSHA != "abc" {
 		t.Fatalf("record MR = %+v, %v", b, err)
 	}
-	if _, err := st.BatchSettleFailed(ctx, b.ID, store.BatchRunning, b.Version, "closed", "mr closed"); err != nil {
+	if _, err := st.BatchSettleFailed(ctx, b.ID, domain.BatchRunning, b.Version, "closed", "mr closed"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.BatchRecordMR(ctx, b.ID, b.Version+1, store.MRRecord{IID: 8}); !errors.Is(err, store.ErrLostRace) {
@@ -910,7 +910,7 @@ func TestSettlementRace(t *testing.T) {
 	for i := 0; i < 15; i++ {
 		repo := fmt.Sprintf("group/race-%d", i)
 		grants := storetest.InsertQueuedOps(t, st, repo, 4)
-		revokes := storetest.InsertOps(t, st, storetest.Ops{Repo: repo, N: 3, Action: store.ActionRevoke, Admit: true})
+		revokes := storetest.InsertOps(t, st, storetest.Ops{Repo: repo, N: 3, Action: domain.ActionRevoke, Admit: true})
 		res := btClaim(t, st, repo, 50, store.ClaimClaimed)
 		var v0 int
 		if err := st.DB().Get(&v0, "SELECT MAX(version) FROM operation WHERE batch_id = ?", res.BatchID); err != nil {
@@ -924,12 +924,12 @@ func TestSettlementRace(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			_, okErr = st.BatchSettleSucceeded(ctx, res.BatchID, store.BatchRunning, 1)
+			_, okErr = st.BatchSettleSucceeded(ctx, res.BatchID, domain.BatchRunning, 1)
 		}()
 		go func() {
 			defer wg.Done()
 			<-start
-			_, failErr = st.BatchSettleFailed(ctx, res.BatchID, store.BatchRunning, 1, "timeout", "timed out")
+			_, failErr = st.BatchSettleFailed(ctx, res.BatchID, domain.BatchRunning, 1, "timeout", "timed out")
 		}()
 		close(start)
 		wg.Wait()
@@ -949,9 +949,9 @@ func TestSettlementRace(t *testing.T) {
 			t.Fatal(err)
 		}
 		all := append(slices.Clone(grants), revokes...)
-		wantOp, wantGrant, wantRevoke, wantBatch := store.OpMerged, store.BindingActive, store.BindingClosed, store.BatchSucceeded
+		wantOp, wantGrant, wantRevoke, wantBatch := domain.OpMerged, domain.BindingActive, domain.BindingClosed, domain.BatchSucceeded
 		if winner == "failure" {
-			wantOp, wantGrant, wantRevoke, wantBatch = store.OpFailed, store.BindingFailed, store.BindingActive, store.BatchFailed
+			wantOp, wantGrant, wantRevoke, wantBatch = domain.OpFailed, domain.BindingFailed, domain.BindingActive, domain.BatchFailed
 		}
 		if b.Status != wantBatch || b.Version != 2 {
 			t.Fatalf("round %d: batch %+v after %s won", i, b, winner)
@@ -981,13 +981,13 @@ func TestSettleSucceededFromFailed(t *testing.T) {
 	ctx := context.Background()
 	const repo = "group/orphan"
 	grants := storetest.InsertQueuedOps(t, st, repo, 3)
-	revokes := storetest.InsertOps(t, st, storetest.Ops{Repo: repo, N: 1, Action: store.ActionRevoke, Admit: true})
+	revokes := storetest.InsertOps(t, st, storetest.Ops{Repo: repo, N: 1, Action: domain.ActionRevoke, Admit: true})
 	res := btClaim(t, st, repo, 10, store.ClaimClaimed)
 	b, err := st.BatchRecordMR(ctx, res.BatchID, 1, store.MRRecord{IID: 3, URL: "u", SHA: "s"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err = st.BatchSettleFailed(ctx, b.ID, store.BatchRunning, b.Version, "closed", "closed by timeout")
+	b, err = st.BatchSettleFailed(ctx, b.ID, domain.BatchRunning, b.Version, "closed", "closed by timeout")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1003,23 +1003,23 @@ func TestSettleSucceededFromFailed(t *testing.T) {
 	if past, err := st.BatchesFailedWithMR(ctx, time.Hour, store.FailedCursor{}.After(failed[0]), 10); err != nil || len(past) != 0 {
 		t.Fatalf("BatchesFailedWithMR after the last one = %+v, %v", past, err)
 	}
-	if _, err := st.BatchSettleSucceeded(ctx, b.ID, store.BatchRunning, b.Version); !errors.Is(err, store.ErrLostRace) {
+	if _, err := st.BatchSettleSucceeded(ctx, b.ID, domain.BatchRunning, b.Version); !errors.Is(err, store.ErrLostRace) {
 		t.Fatalf("settling a FAILED batch as if RUNNING = %v, want ErrLostRace", err)
 	}
-	b, err = st.BatchSettleSucceeded(ctx, b.ID, store.BatchFailed, b.Version)
-	if err != nil || b.Status != store.BatchSucceeded || b.ErrorCode != "" {
+	b, err = st.BatchSettleSucceeded(ctx, b.ID, domain.BatchFailed, b.Version)
+	if err != nil || b.Status != domain.BatchSucceeded || b.ErrorCode != "" {
 		t.Fatalf("merged wins = %+v, %v", b, err)
 	}
-	btAll(t, "operation", btOpStatus(t, st, grants[:2]), store.OpMerged)
-	btAll(t, "binding", btBindingStatus(t, st, grants[:2]), store.BindingActive)
-	btAll(t, "binding", btBindingStatus(t, st, revokes), store.BindingClosed)
-	if s := btOpStatus(t, st, grants[2:])[grants[2]]; s != store.OpInBatch {
+	btAll(t, "operation", btOpStatus(t, st, grants[:2]), domain.OpMerged)
+	btAll(t, "binding", btBindingStatus(t, st, grants[:2]), domain.BindingActive)
+	btAll(t, "binding", btBindingStatus(t, st, revokes), domain.BindingClosed)
+	if s := btOpStatus(t, st, grants[2:])[grants[2]]; s != domain.OpInBatch {
 		t.Fatalf("a member retried into another batch was changed to %s", s)
 	}
 	if failed, err := st.BatchesFailedWithMR(ctx, time.Hour, store.FailedCursor{}, 10); err != nil || len(failed) != 0 {
 		t.Fatalf("BatchesFailedWithMR after merged wins = %+v, %v", failed, err)
 	}
-	if _, err := st.BatchSettleFailed(ctx, b.ID, store.BatchSucceeded, b.Version, "x", "y"); err == nil {
+	if _, err := st.BatchSettleFailed(ctx, b.ID, domain.BatchSucceeded, b.Version, "x", "y"); err == nil {
 		t.Fatal("settling a SUCCEEDED batch as failed was accepted")
 	}
 }
@@ -1075,7 +1075,7 @@ func TestSweepReads(t *testing.T) {
 	}
 
 	// Cleanup removes the waiting rows of old SUCCEEDED batches only, in chunks.
-	if _, err := st.BatchSettleSucceeded(ctx, b.ID, store.BatchRunning, due[0].Version); err != nil {
+	if _, err := st.BatchSettleSucceeded(ctx, b.ID, domain.BatchRunning, due[0].Version); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := st.CleanupWaiting(ctx, time.Hour, 10); err != nil || n != 0 {
@@ -1100,7 +1100,7 @@ func TestLargeBatchCrossesChunks(t *testing.T) {
 	ctx := context.Background()
 	const repo = "group/large"
 	grants := storetest.InsertQueuedOps(t, st, repo, 1100)
-	revokes := storetest.InsertOps(t, st, storetest.Ops{Repo: repo, N: 101, Action: store.ActionRevoke, Admit: true})
+	revokes := storetest.InsertOps(t, st, storetest.Ops{Repo: repo, N: 101, Action: domain.ActionRevoke, Admit: true})
 	res := btClaim(t, st, repo, 5000, store.ClaimClaimed)
 	if len(res.OperationIDs) != 1201 {
 		t.Fatalf("claimed %d, want 1201", len(res.OperationIDs))
@@ -1111,7 +1111,7 @@ func TestLargeBatchCrossesChunks(t *testing.T) {
 	if n := btCount(t, st, "SELECT COUNT(*) FROM operation WHERE batch_id = ? AND status = 'in_batch'", res.BatchID); n != 1201 {
 		t.Fatalf("%d operations in the batch", n)
 	}
-	b, err := st.BatchSettleSucceeded(ctx, res.BatchID, store.BatchRunning, 1)
+	b, err := st.BatchSettleSucceeded(ctx, res.BatchID, domain.BatchRunning, 1)
 	if err != nil || len(b.OperationIDs) != 1201 {
 		t.Fatalf("settle = %d members, %v", len(b.OperationIDs), err)
 	}

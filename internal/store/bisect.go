@@ -39,11 +39,11 @@ func (w waitingRow) why() string {
 		parent = *w.ParentID
 	}
 	switch {
-	case w.Kind == KindBisect:
+	case w.Kind == domain.KindBisect:
 		return fmt.Sprintf("half %d of failed batch %d, bisection depth %d", w.Half, parent, w.Depth)
-	case strings.HasPrefix(w.Kind, KindRetryPrefix):
+	case strings.HasPrefix(w.Kind, domain.KindRetryPrefix):
 		return fmt.Sprintf("retry %d of failed batch %d after a %s failure (attempt %d)",
-			w.Retries, parent, strings.TrimPrefix(w.Kind, KindRetryPrefix), w.Tries+1)
+			w.Retries, parent, strings.TrimPrefix(w.Kind, domain.KindRetryPrefix), w.Tries+1)
 	case w.Tries > 0:
 		return fmt.Sprintf("first try (attempt %d)", w.Tries+1)
 	}
@@ -122,28 +122,28 @@ type MemberFate struct {
 //     bindings, then the batch's remaining waiting rows deleted;
 //  5. events, set-based: batch_failed for the batch and every member, then each
 //     member's outcome event.
-func (s *Store) BatchSettleRequeue(ctx context.Context, id int64, from BatchStatus, version int64, class domain.FailureClass, message string, plan []MemberFate) (Batch, error) {
+func (s *Store) BatchSettleRequeue(ctx context.Context, id int64, from domain.BatchStatus, version int64, class domain.FailureClass, message string, plan []MemberFate) (domain.Batch, error) {
 	if !from.Active() {
-		return Batch{}, fmt.Errorf("store: cannot settle a batch as failed from status %s", from)
+		return domain.Batch{}, fmt.Errorf("store: cannot settle a batch as failed from status %s", from)
 	}
 	code, message := truncRunes(string(class), errorCodeLen), truncRunes(message, errorMessageLen)
 	fates := make(map[string]MemberFate, len(plan))
 	for _, f := range plan {
 		if len(f.Group) > groupLen {
-			return Batch{}, fmt.Errorf("store: group %q is longer than %d", f.Group, groupLen)
+			return domain.Batch{}, fmt.Errorf("store: group %q is longer than %d", f.Group, groupLen)
 		}
 		fates[f.OperationID] = f
 	}
-	var b Batch
+	var b domain.Batch
 	err := s.withTx(ctx, sql.LevelReadCommitted, func(tx *sqlx.Tx) error {
-		if err := settleBatchRow(ctx, tx, id, from, version, BatchFailed, code, message, code); err != nil {
+		if err := settleBatchRow(ctx, tx, id, from, version, domain.BatchFailed, code, message, code); err != nil {
 			return err
 		}
 		members, err := memberIDs(ctx, tx, id)
 		if err != nil {
 			return err
 		}
-		ops, err := lockMembers(ctx, tx, id, members, OpInBatch)
+		ops, err := lockMembers(ctx, tx, id, members, domain.OpInBatch)
 		if err != nil {
 			return err
 		}
@@ -220,7 +220,7 @@ func sortFates(ops []settledOp, fates map[string]MemberFate, code, message strin
 func requeueGroups(ctx context.Context, tx *sqlx.Tx, id int64, sp settlePlan) error {
 	for _, g := range sp.names {
 		ids, f := sp.groups[g], sp.groupOf[g]
-		if err := moveOps(ctx, tx, id, ids, OpInBatch, OpQueued, "", ""); err != nil {
+		if err := moveOps(ctx, tx, id, ids, domain.OpInBatch, domain.OpQueued, "", ""); err != nil {
 			return err
 		}
 		if err := requeueRows(ctx, tx, id, ids, f); err != nil {
@@ -237,11 +237,11 @@ func requeueGroups(ctx context.Context, tx *sqlx.Tx, id int64, sp settlePlan) er
 // is unique on operation_id). The member history keeps the record.
 func failMembers(ctx context.Context, tx *sqlx.Tx, id int64, sp settlePlan) error {
 	for _, r := range sp.reasons {
-		if err := moveOps(ctx, tx, id, opIDsOf(sp.failures[r]), OpInBatch, OpFailed, r.code, r.message); err != nil {
+		if err := moveOps(ctx, tx, id, opIDsOf(sp.failures[r]), domain.OpInBatch, domain.OpFailed, r.code, r.message); err != nil {
 			return err
 		}
 	}
-	if err := moveBindings(ctx, tx, sp.failed, BindingPending, BindingFailed, BindingRevoking, BindingActive); err != nil {
+	if err := moveBindings(ctx, tx, sp.failed, domain.BindingPending, domain.BindingFailed, domain.BindingRevoking, domain.BindingActive); err != nil {
 		return err
 	}
 	_, err := tx.ExecContext(ctx, qDeleteBatchWaiting, id)
@@ -303,7 +303,7 @@ func outcomeEvent(f MemberFate, inPlan bool, code, message string) (string, stri
 func requeueRows(ctx context.Context, tx *sqlx.Tx, id int64, ids []string, f MemberFate) error {
 	kind := f.Kind
 	if kind == "" {
-		kind = KindFirstTry
+		kind = domain.KindFirstTry
 	}
 	return forChunks(len(ids), maxInPlaceholders, func(lo, hi int) error {
 		args := make([]any, 0, hi-lo+7)
@@ -332,7 +332,7 @@ func requeueRows(ctx context.Context, tx *sqlx.Tx, id int64, ids []string, f Mem
 // settle an active batch with, before it closes the batch's MR. A closed MR on a batch
 // without it was closed by someone else (a human); with it, by a batcherd settle that
 // did not finish, which the next pass resumes with the same class.
-func (s *Store) BatchMarkFailing(ctx context.Context, id, version int64, class domain.FailureClass) (Batch, error) {
+func (s *Store) BatchMarkFailing(ctx context.Context, id, version int64, class domain.FailureClass) (domain.Batch, error) {
 	return s.guardedBatchWrite(ctx, id, version, "fail_class = ?", "status IN (1, 4)", truncRunes(string(class), 32))
 }
 

@@ -11,6 +11,8 @@ import (
 
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // waitingCreated returns the created_at of each operation's waiting row.
@@ -49,10 +51,10 @@ func TestRequeueBisectionHalvesKeepQueuePosition(t *testing.T) {
 	ctx := context.Background()
 	const repo = "g/bisect"
 	grants := storetest.InsertQueuedOps(t, st, repo, 6)
-	revokes := storetest.InsertOps(t, st, storetest.Ops{Repo: repo, N: 2, Action: store.ActionRevoke, Admit: true})
+	revokes := storetest.InsertOps(t, st, storetest.Ops{Repo: repo, N: 2, Action: domain.ActionRevoke, Admit: true})
 	all := append(slices.Clone(grants), revokes...)
 	res := btClaim(t, st, repo, 100, store.ClaimClaimed)
-	if res.Kind != store.KindFirstTry || res.Group != "" || len(res.OperationIDs) != 8 {
+	if res.Kind != domain.KindFirstTry || res.Group != "" || len(res.OperationIDs) != 8 {
 		t.Fatalf("first claim %+v", res)
 	}
 	before := waitingCreated(t, st, all)
@@ -64,7 +66,7 @@ func TestRequeueBisectionHalvesKeepQueuePosition(t *testing.T) {
 		t.Fatalf("BatchWaitingMembers = %d, %v", len(ms), err)
 	}
 	for _, m := range ms {
-		if m.Tries != 1 || m.Grp != "" || m.Kind != store.KindFirstTry {
+		if m.Tries != 1 || m.Grp != "" || m.Kind != domain.KindFirstTry {
 			t.Fatalf("claimed row %+v, want tries 1 in the ordinary queue", m)
 		}
 	}
@@ -77,18 +79,18 @@ func TestRequeueBisectionHalvesKeepQueuePosition(t *testing.T) {
 		if i >= 4 {
 			g, half = g2, 2
 		}
-		plan = append(plan, store.MemberFate{OperationID: m.OperationID, Group: g, Kind: store.KindBisect, Depth: 1, Half: half, Event: "bisected", Detail: "half"})
+		plan = append(plan, store.MemberFate{OperationID: m.OperationID, Group: g, Kind: domain.KindBisect, Depth: 1, Half: half, Event: "bisected", Detail: "half"})
 	}
 	plan = append(plan, store.MemberFate{OperationID: culprit, Code: "culprit", Message: "alone and failing", Event: "culprit"})
-	fb, err := st.BatchSettleRequeue(ctx, b.ID, store.BatchRunning, b.Version, "test", "pipeline failed", plan)
+	fb, err := st.BatchSettleRequeue(ctx, b.ID, domain.BatchRunning, b.Version, "test", "pipeline failed", plan)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fb.Status != store.BatchFailed || fb.ErrorCode != "test" || fb.FailClass != "test" || len(fb.OperationIDs) != 8 {
+	if fb.Status != domain.BatchFailed || fb.ErrorCode != "test" || fb.FailClass != "test" || len(fb.OperationIDs) != 8 {
 		t.Fatalf("settled batch %+v", fb)
 	}
 	// A second settle of the same version changes nothing.
-	if _, err := st.BatchSettleRequeue(ctx, b.ID, store.BatchRunning, b.Version, "test", "again", plan); !errors.Is(err, store.ErrLostRace) {
+	if _, err := st.BatchSettleRequeue(ctx, b.ID, domain.BatchRunning, b.Version, "test", "again", plan); !errors.Is(err, store.ErrLostRace) {
 		t.Fatalf("second settle = %v, want ErrLostRace", err)
 	}
 
@@ -96,12 +98,12 @@ func TestRequeueBisectionHalvesKeepQueuePosition(t *testing.T) {
 	for _, f := range plan[:7] {
 		requeued = append(requeued, f.OperationID)
 	}
-	btAll(t, "operation", btOpStatus(t, st, requeued), store.OpQueued)
+	btAll(t, "operation", btOpStatus(t, st, requeued), domain.OpQueued)
 	if n := btCount(t, st, "SELECT COUNT(*) FROM operation WHERE batch_id IS NULL AND status = 'queued' AND attempts = 1 AND operation_id IN (?,?,?,?,?,?,?)",
 		requeued[0], requeued[1], requeued[2], requeued[3], requeued[4], requeued[5], requeued[6]); n != 7 {
 		t.Fatalf("%d requeued operations with batch_id NULL and attempts 1, want 7", n)
 	}
-	if got := btOpStatus(t, st, []string{culprit})[culprit]; got != store.OpFailed {
+	if got := btOpStatus(t, st, []string{culprit})[culprit]; got != domain.OpFailed {
 		t.Fatalf("culprit %s", got)
 	}
 	var code string
@@ -112,11 +114,11 @@ func TestRequeueBisectionHalvesKeepQueuePosition(t *testing.T) {
 	// Bindings: requeued grants still pending, the requeued revoke still revoking, the
 	// failed revoke back to active.
 	for id, s := range btBindingStatus(t, st, requeued) {
-		if want := map[bool]store.BindingStatus{true: store.BindingPending, false: store.BindingRevoking}[slices.Contains(grants, id)]; s != want {
+		if want := map[bool]domain.BindingStatus{true: domain.BindingPending, false: domain.BindingRevoking}[slices.Contains(grants, id)]; s != want {
 			t.Fatalf("binding of requeued %s = %s, want %s", id, s, want)
 		}
 	}
-	if s := btBindingStatus(t, st, []string{culprit})[culprit]; s != store.BindingActive {
+	if s := btBindingStatus(t, st, []string{culprit})[culprit]; s != domain.BindingActive {
 		t.Fatalf("binding of the failed revoke = %s, want active", s)
 	}
 	// Waiting rows: requeued in their groups with created_at unchanged; the culprit's gone.
@@ -142,7 +144,7 @@ func TestRequeueBisectionHalvesKeepQueuePosition(t *testing.T) {
 
 	// The follow-up claim takes half 1 only: 4 rows, bisect at depth 1, not charged.
 	h1, err := st.BatchClaimFollowUp(ctx, repo, 100)
-	if err != nil || h1.Outcome != store.ClaimClaimed || h1.Group != g1 || h1.Kind != store.KindBisect || h1.Depth != 1 ||
+	if err != nil || h1.Outcome != store.ClaimClaimed || h1.Group != g1 || h1.Kind != domain.KindBisect || h1.Depth != 1 ||
 		h1.ParentID == nil || *h1.ParentID != b.ID || !slices.Equal(h1.OperationIDs, requeued[:4]) {
 		t.Fatalf("half 1 claim = %+v, %v", h1, err)
 	}
@@ -166,7 +168,7 @@ func TestRequeueBisectionHalvesKeepQueuePosition(t *testing.T) {
 		t.Fatal(err)
 	}
 	hb, _ = st.BatchGet(ctx, h1.BatchID)
-	if _, err := st.BatchSettleSucceeded(ctx, hb.ID, store.BatchRunning, hb.Version); err != nil {
+	if _, err := st.BatchSettleSucceeded(ctx, hb.ID, domain.BatchRunning, hb.Version); err != nil {
 		t.Fatal(err)
 	}
 	if c := eventCodes(t, st, requeued[0]); !slices.Equal(c, []string{"claimed", "batch_failed", "bisected", "claimed", "published", "merged", "bystander"}) {
@@ -183,7 +185,7 @@ func TestRequeueBisectionHalvesKeepQueuePosition(t *testing.T) {
 		t.Fatalf("half 2 claim = %+v", h2)
 	}
 	h2b, _ := st.BatchGet(ctx, h2.BatchID)
-	if _, err := st.BatchSettleSucceeded(ctx, h2b.ID, store.BatchRunning, h2b.Version); err != nil {
+	if _, err := st.BatchSettleSucceeded(ctx, h2b.ID, domain.BatchRunning, h2b.Version); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := st.BatchClaimFollowUp(ctx, repo, 100); err != nil || r.Outcome != store.ClaimNothingToClaim {
@@ -193,7 +195,7 @@ func TestRequeueBisectionHalvesKeepQueuePosition(t *testing.T) {
 		t.Fatalf("a rolled-back follow-up left %d active batches", n)
 	}
 	rest := btClaim(t, st, repo, 100, store.ClaimClaimed)
-	if rest.Group != "" || rest.Kind != store.KindFirstTry || !slices.Equal(rest.OperationIDs, newer) {
+	if rest.Group != "" || rest.Kind != domain.KindFirstTry || !slices.Equal(rest.OperationIDs, newer) {
 		t.Fatalf("ordinary claim = %+v", rest)
 	}
 }
@@ -210,13 +212,13 @@ func TestRequeueRetryRaceAndCharge(t *testing.T) {
 	g := fmt.Sprintf("b%d.r", b.ID)
 	var plan []store.MemberFate
 	for _, id := range ids {
-		plan = append(plan, store.MemberFate{OperationID: id, Group: g, Kind: store.KindRetryPrefix + "infra", Retries: 1, Event: "retry_infra"})
+		plan = append(plan, store.MemberFate{OperationID: id, Group: g, Kind: domain.KindRetryPrefix + "infra", Retries: 1, Event: "retry_infra"})
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
 	for i := range errs {
 		wg.Go(func() {
-			_, errs[i] = st.BatchSettleRequeue(ctx, b.ID, store.BatchRunning, b.Version, "infra", "runner", plan)
+			_, errs[i] = st.BatchSettleRequeue(ctx, b.ID, domain.BatchRunning, b.Version, "infra", "runner", plan)
 		})
 	}
 	wg.Wait()
@@ -248,8 +250,8 @@ func TestRequeueRetryRaceAndCharge(t *testing.T) {
 	// A plan that names a member not in the batch, or omits one, fails the omitted one
 	// with the batch's code: nobody is stranded.
 	rb, _ := st.BatchGet(ctx, r.BatchID)
-	if _, err := st.BatchSettleRequeue(ctx, rb.ID, store.BatchRunning, rb.Version, "infra", "again",
-		[]store.MemberFate{{OperationID: ids[0], Group: "x", Kind: store.KindBisect}, {OperationID: "not-a-member", Group: "x"}}); err != nil {
+	if _, err := st.BatchSettleRequeue(ctx, rb.ID, domain.BatchRunning, rb.Version, "infra", "again",
+		[]store.MemberFate{{OperationID: ids[0], Group: "x", Kind: domain.KindBisect}, {OperationID: "not-a-member", Group: "x"}}); err != nil {
 		t.Fatal(err)
 	}
 	if n := btCount(t, st, "SELECT COUNT(*) FROM operation WHERE status = 'failed' AND error_code = 'infra'"); n != 19 {
@@ -269,7 +271,7 @@ func TestBatchMarkFailing(t *testing.T) {
 	res := btClaim(t, st, "g/mark", 10, store.ClaimClaimed)
 	b, _ := st.BatchGet(ctx, res.BatchID)
 	nb, err := st.BatchMarkFailing(ctx, b.ID, b.Version, "timeout")
-	if err != nil || nb.FailClass != "timeout" || nb.Version != b.Version+1 || nb.Status != store.BatchRunning {
+	if err != nil || nb.FailClass != "timeout" || nb.Version != b.Version+1 || nb.Status != domain.BatchRunning {
 		t.Fatalf("BatchMarkFailing = %+v, %v", nb, err)
 	}
 	if _, err := st.BatchMarkFailing(ctx, b.ID, b.Version, "infra"); !errors.Is(err, store.ErrLostRace) {

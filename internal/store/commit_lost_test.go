@@ -24,6 +24,8 @@ import (
 
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 const (
@@ -150,7 +152,7 @@ func opsOf(t *testing.T, st *store.Store, subject string) int {
 
 func grantParams(subject string) store.OperationCreateParams {
 	return store.OperationCreateParams{OperationID: uuid.NewString(), Subject: subject, Target: "db/orders",
-		Repo: "platform/access", Action: store.ActionGrant}
+		Repo: "platform/access", Action: domain.ActionGrant}
 }
 
 // TestCommitLostAdmission: an application whose COMMIT answer is lost. With an
@@ -249,7 +251,7 @@ func TestCommitLostClaimAndSettle(t *testing.T) {
 	if n := btCount(t, direct, "SELECT COUNT(*) FROM merge_batch WHERE repo = ? AND status = 1", repo); n != 1 {
 		t.Fatalf("%d running batches after the claim, want 1 (it committed)", n)
 	}
-	btAll(t, "status", btOpStatus(t, direct, ids), store.OpInBatch)
+	btAll(t, "status", btOpStatus(t, direct, ids), domain.OpInBatch)
 	btClaim(t, st, repo, 10, store.ClaimSlotOccupied)
 	var id int64
 	if err := direct.DB().Get(&id, "SELECT id FROM merge_batch WHERE repo = ? AND status = 1", repo); err != nil {
@@ -267,23 +269,23 @@ func TestCommitLostClaimAndSettle(t *testing.T) {
 	}
 
 	p.arm(cutAfterCommit)
-	if _, err := st.BatchSettleSucceeded(ctx, b.ID, store.BatchRunning, b.Version); !errors.Is(err, store.ErrCommitUnknown) {
+	if _, err := st.BatchSettleSucceeded(ctx, b.ID, domain.BatchRunning, b.Version); !errors.Is(err, store.ErrCommitUnknown) {
 		t.Fatalf("settlement with its COMMIT answer lost: %v, want ErrCommitUnknown", err)
 	}
 	after, err := st.BatchGet(ctx, b.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after.Status != store.BatchSucceeded {
+	if after.Status != domain.BatchSucceeded {
 		t.Fatalf("batch status %s after the settlement, want succeeded (it committed)", after.Status)
 	}
-	btAll(t, "status", btOpStatus(t, direct, ids), store.OpMerged)
+	btAll(t, "status", btOpStatus(t, direct, ids), domain.OpMerged)
 	// A settler that did not learn the outcome and tries again from what it read: its
 	// guard (status and version) loses.
-	if _, err := st.BatchSettleSucceeded(ctx, b.ID, store.BatchRunning, b.Version); !errors.Is(err, store.ErrLostRace) {
+	if _, err := st.BatchSettleSucceeded(ctx, b.ID, domain.BatchRunning, b.Version); !errors.Is(err, store.ErrLostRace) {
 		t.Fatalf("second settlement: %v, want ErrLostRace", err)
 	}
-	btAll(t, "status", btOpStatus(t, direct, ids), store.OpMerged)
+	btAll(t, "status", btOpStatus(t, direct, ids), domain.OpMerged)
 }
 
 // TestPingPlainServer: readiness on the test server, which runs without wsrep (a

@@ -4,35 +4,37 @@ import (
 	"errors"
 	"slices"
 	"testing"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // checkApplication is the decision both admission paths take on the binding they read
 // (I5): a table over every binding state, no database.
 func TestCheckApplication(t *testing.T) {
 	for _, c := range []struct {
-		action   Action
+		action   domain.Action
 		found    bool
-		status   BindingStatus
+		status   domain.BindingStatus
 		want     error
 		wantRepo string
 	}{
-		{ActionGrant, false, "", nil, "mine"},
-		{ActionGrant, true, BindingRejected, nil, "mine"}, // re-applied in place
-		{ActionGrant, true, BindingClosed, nil, "mine"},
-		{ActionGrant, true, BindingActive, ErrBindingActive, ""},
-		{ActionGrant, true, BindingPending, ErrBindingBusy, ""},
-		{ActionGrant, true, BindingRevoking, ErrBindingBusy, ""},
-		{ActionGrant, true, BindingFailed, ErrBindingBusy, ""}, // overwriting it would orphan its recovery
-		{ActionRevoke, false, "", ErrBindingNotActive, ""},
-		{ActionRevoke, true, BindingActive, nil, "theirs"}, // a revoke goes where the file is
-		{ActionRevoke, true, BindingPending, ErrBindingBusy, ""},
-		{ActionRevoke, true, BindingRevoking, ErrBindingBusy, ""},
-		{ActionRevoke, true, BindingFailed, ErrBindingBusy, ""},
-		{ActionRevoke, true, BindingClosed, ErrBindingNotActive, ""},
-		{ActionRevoke, true, BindingRejected, ErrBindingNotActive, ""},
+		{domain.ActionGrant, false, "", nil, "mine"},
+		{domain.ActionGrant, true, domain.BindingRejected, nil, "mine"}, // re-applied in place
+		{domain.ActionGrant, true, domain.BindingClosed, nil, "mine"},
+		{domain.ActionGrant, true, domain.BindingActive, ErrBindingActive, ""},
+		{domain.ActionGrant, true, domain.BindingPending, ErrBindingBusy, ""},
+		{domain.ActionGrant, true, domain.BindingRevoking, ErrBindingBusy, ""},
+		{domain.ActionGrant, true, domain.BindingFailed, ErrBindingBusy, ""}, // overwriting it would orphan its recovery
+		{domain.ActionRevoke, false, "", ErrBindingNotActive, ""},
+		{domain.ActionRevoke, true, domain.BindingActive, nil, "theirs"}, // a revoke goes where the file is
+		{domain.ActionRevoke, true, domain.BindingPending, ErrBindingBusy, ""},
+		{domain.ActionRevoke, true, domain.BindingRevoking, ErrBindingBusy, ""},
+		{domain.ActionRevoke, true, domain.BindingFailed, ErrBindingBusy, ""},
+		{domain.ActionRevoke, true, domain.BindingClosed, ErrBindingNotActive, ""},
+		{domain.ActionRevoke, true, domain.BindingRejected, ErrBindingNotActive, ""},
 		{"frobnicate", false, "", ErrInvalidRequest, ""},
 	} {
-		b := Binding{Status: c.status, Repo: "theirs"}
+		b := domain.Binding{Status: c.status, Repo: "theirs"}
 		repo, err := checkApplication(c.action, "mine", b, c.found)
 		if !errors.Is(err, c.want) || (c.want == nil && err != nil) {
 			t.Errorf("%s on found=%v %q: %v, want %v", c.action, c.found, c.status, err, c.want)

@@ -10,6 +10,8 @@ import (
 
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // btPlanRow is the part of an EXPLAIN row the test judges.
@@ -91,14 +93,14 @@ func TestExplainBatchQueries(t *testing.T) {
 	for r := 0; r < repos; r++ {
 		repo := fmt.Sprintf("group/repo-%02d", r)
 		storetest.InsertQueuedOps(t, st, repo, 60)
-		storetest.InsertOps(t, st, storetest.Ops{Repo: repo, N: 10, Action: store.ActionRevoke, Admit: true})
+		storetest.InsertOps(t, st, storetest.Ops{Repo: repo, N: 10, Action: domain.ActionRevoke, Admit: true})
 		for round := 0; round < 3; round++ {
 			res := btClaim(t, st, repo, 10, store.ClaimClaimed)
 			var err error
 			if round%2 == 0 {
-				_, err = st.BatchSettleSucceeded(ctx, res.BatchID, store.BatchRunning, 1)
+				_, err = st.BatchSettleSucceeded(ctx, res.BatchID, domain.BatchRunning, 1)
 			} else {
-				_, err = st.BatchSettleFailed(ctx, res.BatchID, store.BatchRunning, 1, "x", "y")
+				_, err = st.BatchSettleFailed(ctx, res.BatchID, domain.BatchRunning, 1, "x", "y")
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -140,7 +142,7 @@ func TestExplainBatchQueries(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Operations are history too: merged ones outnumber those in flight.
-	storetest.InsertOps(t, st, storetest.Ops{Repo: "group/repo-19", N: 5000, Status: store.OpMerged, Prefix: "old"})
+	storetest.InsertOps(t, st, storetest.Ops{Repo: "group/repo-19", N: 5000, Status: domain.OpMerged, Prefix: "old"})
 	for _, tbl := range []string{"merge_batch", "merge_batch_request", "merge_batch_member", "operation", "binding", "audit_event"} {
 		if _, err := st.DB().Exec("ANALYZE TABLE " + tbl); err != nil {
 			t.Fatal(err)
@@ -177,12 +179,12 @@ func TestExplainBatchQueries(t *testing.T) {
 
 	const listRepo = "API: batches of a quiet repository, newest first"
 	listRepoQ, listRepoArgs := store.QBatchList(store.BatchFilter{Repo: "group/quiet"})
-	listRepoStatusQ, listRepoStatusArgs := store.QBatchList(store.BatchFilter{Repo: "group/quiet", Status: store.BatchSucceeded})
+	listRepoStatusQ, listRepoStatusArgs := store.QBatchList(store.BatchFilter{Repo: "group/quiet", Status: domain.BatchSucceeded})
 	const liveCounts = "metrics: operations in flight by status"
 	const claimHead = "claim: group of the first waiting row of a repository (urgent first, then oldest)"
 	const claimRead = "claim: waiting rows of one group of a repository, urgent first, then oldest"
 	var liveArgs []any
-	for _, st := range store.LiveOpStatuses {
+	for _, st := range domain.LiveOpStatuses {
 		liveArgs = append(liveArgs, st)
 	}
 	for _, c := range []struct {
@@ -216,7 +218,7 @@ func TestExplainBatchQueries(t *testing.T) {
 				") AND batch_id = ? AND status = 'in_batch' ORDER BY operation_id FOR UPDATE", "", append(append([]any{}, opArgs...), activeID)},
 		{"settle: bindings owned by the members",
 			store.QMoveBindings(len(members)), "uk_subject_target",
-			append(append([]any{store.BindingActive}, triples...), store.BindingPending)},
+			append(append([]any{domain.BindingActive}, triples...), domain.BindingPending)},
 		{"settle failure: waiting rows of the batch",
 			store.QDeleteBatchWait, "PRIMARY|idx_repo_waiting", []any{activeID}},
 		{"reconcile: batches due",
@@ -233,7 +235,7 @@ func TestExplainBatchQueries(t *testing.T) {
 			store.QCleanupWaiting, "", []any{1, 1, 500}},
 		{"metrics: waiting depth per repository",
 			store.QWaitingStats, "", nil},
-		{liveCounts, store.QOperationCounts(len(store.LiveOpStatuses)), "idx_status_updated", liveArgs},
+		{liveCounts, store.QOperationCounts(len(domain.LiveOpStatuses)), "idx_status_updated", liveArgs},
 		{listRepo, listRepoQ, "idx_repo_id", listRepoArgs},
 		{listRepo + " and status", listRepoStatusQ, "idx_repo_status|idx_repo_id", listRepoStatusArgs},
 	} {

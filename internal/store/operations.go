@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // ErrExpiresInPast: a grant's expires_at is not in the future by the database clock
@@ -75,13 +77,13 @@ type OperationCreateParams struct {
 	// Repo is where a grant's file is written. A revoke always goes to the repository
 	// that holds the binding's file (the binding's repo), whatever Repo says.
 	Repo       string
-	Action     Action
+	Action     domain.Action
 	ExpiresAt  *time.Time // grants only; must be in the future by the DB clock
 	Attributes json.RawMessage
 	// AutoApprove admits the operation to the waiting set at once (status queued).
 	AutoApprove bool
 	// Priority: "" or normal, or urgent (claimed before normal operations).
-	Priority Priority
+	Priority domain.Priority
 	// IdempotencyKey, when set, makes the call idempotent: Fingerprint identifies the
 	// request; a repeat with the same fingerprint returns the first operation with
 	// created=false; another fingerprint returns ErrIdempotencyKeyReused.
@@ -131,7 +133,7 @@ var errIdemSeen = errors.New("idempotency key already stored")
 // write yet) and the caller retries with the same key. Without a key the caller gets
 // ErrCommitUnknown; a retry cannot make a second operation, since the first one holds
 // the binding (ErrBindingBusy).
-func (s *Store) OperationCreate(ctx context.Context, p OperationCreateParams) (op Operation, created bool, err error) {
+func (s *Store) OperationCreate(ctx context.Context, p OperationCreateParams) (op domain.Operation, created bool, err error) {
 	op, created, err = s.admitGrouped(ctx, p)
 	if errors.Is(err, ErrCommitUnknown) && p.IdempotencyKey != "" {
 		if o, rerr := s.idempotencyAnswer(ctx, p.RequestedBy, p.IdempotencyKey, p.Fingerprint); rerr == nil {
@@ -145,7 +147,7 @@ func (s *Store) OperationCreate(ctx context.Context, p OperationCreateParams) (o
 // retried a few times when it lost a race. It is the group path's fallback and the
 // reference it is held to, exported so that tests compare with it and bench measures
 // it; callers admit through OperationCreate.
-func (s *Store) OperationCreateSerial(ctx context.Context, p OperationCreateParams) (op Operation, created bool, err error) {
+func (s *Store) OperationCreateSerial(ctx context.Context, p OperationCreateParams) (op domain.Operation, created bool, err error) {
 	// A few rounds, because losing is answered best by looking again: a concurrent
 	// application of the same relation that won makes the next round report the
 	// binding's real state (busy, active); a transaction holding our idempotency key
@@ -166,13 +168,13 @@ func (s *Store) OperationCreateSerial(ctx context.Context, p OperationCreatePara
 		case errors.Is(err, ErrLostRace) && attempt < 3:
 			continue
 		default:
-			return Operation{}, false, err
+			return domain.Operation{}, false, err
 		}
 	}
 }
 
 // idempotencyAnswer reads the operation a principal's stored, unexpired key points at.
-func (s *Store) idempotencyAnswer(ctx context.Context, principal, key, fingerprint string) (Operation, error) {
+func (s *Store) idempotencyAnswer(ctx context.Context, principal, key, fingerprint string) (domain.Operation, error) {
 	var row struct {
 		Fingerprint string `db:"fingerprint"`
 		OperationID string `db:"operation_id"`
@@ -180,10 +182,10 @@ func (s *Store) idempotencyAnswer(ctx context.Context, principal, key, fingerpri
 	err := s.db.GetContext(ctx, &row, `SELECT fingerprint, operation_id FROM idempotency_key
 		WHERE principal = ? AND idem_key = ? AND expires_at > CURRENT_TIMESTAMP(6)`, principal, key)
 	if err != nil {
-		return Operation{}, translate(err)
+		return domain.Operation{}, translate(err)
 	}
 	if row.Fingerprint != fingerprint {
-		return Operation{}, ErrIdempotencyKeyReused
+		return domain.Operation{}, ErrIdempotencyKeyReused
 	}
 	return s.OperationGet(ctx, row.OperationID)
 }
@@ -193,8 +195,8 @@ func (s *Store) idempotencyAnswer(ctx context.Context, principal, key, fingerpri
 // (expiryInFutureTx), the binding read and the decision on it (checkApplication, shared
 // with the group path), the operation row, the binding write (applyToBindingTx), the
 // created event, and for auto-approval the waiting row.
-func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) (Operation, error) {
-	var out Operation
+func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) (domain.Operation, error) {
+	var out domain.Operation
 	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
 		if err := idempotencyKeyTx(ctx, tx, p); err != nil {
 			return err
@@ -212,9 +214,9 @@ func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) 
 		if err != nil {
 			return err
 		}
-		status := OpPendingApproval
+		status := domain.OpPendingApproval
 		if p.AutoApprove {
-			status = OpQueued
+			status = domain.OpQueued
 		}
 		var attrs any
 		if len(p.Attributes) > 0 {
@@ -224,8 +226,8 @@ func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) 
 		prio := p.Priority
 		switch prio {
 		case "":
-			prio = PriorityNormal
-		case PriorityNormal, PriorityUrgent:
+			prio = domain.PriorityNormal
+		case domain.PriorityNormal, domain.PriorityUrgent:
 		default:
 			return fmt.Errorf("%w: unknown priority %q", ErrInvalidRequest, prio)
 		}
@@ -294,7 +296,7 @@ func expiryInFutureTx(ctx context.Context, tx *sqlx.Tx, p OperationCreateParams)
 	if p.ExpiresAt == nil {
 		return nil
 	}
-	if p.Action != ActionGrant {
+	if p.Action != domain.ActionGrant {
 		return fmt.Errorf("%w: expires_at applies to grants only", ErrInvalidRequest)
 	}
 	var future bool
@@ -312,24 +314,24 @@ func expiryInFutureTx(ctx context.Context, tx *sqlx.Tx, p OperationCreateParams)
 // grant's own, a revoke always the binding's (where its file is). Only re-appliable
 // bindings take a grant (I5); only active ones a revoke. Shared by the serial and the
 // group admission, so both answer alike.
-func checkApplication(action Action, repo string, b Binding, found bool) (string, error) {
+func checkApplication(action domain.Action, repo string, b domain.Binding, found bool) (string, error) {
 	switch action {
-	case ActionGrant:
+	case domain.ActionGrant:
 		if found && !b.Status.Reappliable() {
-			if b.Status == BindingActive {
+			if b.Status == domain.BindingActive {
 				return repo, ErrBindingActive
 			}
 			return repo, fmt.Errorf("%w: binding is %s", ErrBindingBusy, b.Status)
 		}
 		return repo, nil
-	case ActionRevoke:
+	case domain.ActionRevoke:
 		if !found {
 			return repo, ErrBindingNotActive
 		}
 		switch b.Status {
-		case BindingActive:
+		case domain.BindingActive:
 			return b.Repo, nil
-		case BindingPending, BindingRevoking, BindingFailed:
+		case domain.BindingPending, domain.BindingRevoking, domain.BindingFailed:
 			return repo, fmt.Errorf("%w: binding is %s", ErrBindingBusy, b.Status)
 		}
 		return repo, fmt.Errorf("%w: binding is %s", ErrBindingNotActive, b.Status)
@@ -341,32 +343,32 @@ func checkApplication(action Action, repo string, b Binding, found bool) (string
 // (a concurrent first application of the same relation makes it 1062: it won, we lost,
 // ErrLostRace, read by the API as busy); a re-application in place (I5) or a revoke of
 // an active binding, each guarded on the exact status and version read (I6).
-func applyToBindingTx(ctx context.Context, tx *sqlx.Tx, p OperationCreateParams, repo string, b Binding, found bool) error {
+func applyToBindingTx(ctx context.Context, tx *sqlx.Tx, p OperationCreateParams, repo string, b domain.Binding, found bool) error {
 	var (
 		res sql.Result
 		err error
 	)
 	switch {
-	case p.Action == ActionGrant && !found:
+	case p.Action == domain.ActionGrant && !found:
 		if _, err := tx.ExecContext(ctx, `INSERT INTO binding
 			(subject, target, repo, status, operation_id, expires_at) VALUES (?, ?, ?, ?, ?, ?)`,
-			p.Subject, p.Target, repo, BindingPending, p.OperationID, utcPtr(p.ExpiresAt)); err != nil {
+			p.Subject, p.Target, repo, domain.BindingPending, p.OperationID, utcPtr(p.ExpiresAt)); err != nil {
 			if isDuplicate(err) {
 				return ErrLostRace
 			}
 			return err
 		}
 		return nil
-	case p.Action == ActionGrant:
+	case p.Action == domain.ActionGrant:
 		res, err = tx.ExecContext(ctx, `UPDATE binding SET status = ?, operation_id = ?, repo = ?,
 			expires_at = ?, version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
 			WHERE id = ? AND status = ? AND version = ?`,
-			BindingPending, p.OperationID, repo, utcPtr(p.ExpiresAt), b.ID, b.Status, b.Version)
+			domain.BindingPending, p.OperationID, repo, utcPtr(p.ExpiresAt), b.ID, b.Status, b.Version)
 	default: // revoke of an active binding
 		res, err = tx.ExecContext(ctx, `UPDATE binding SET status = ?, operation_id = ?,
 			version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
 			WHERE id = ? AND status = ? AND version = ?`,
-			BindingRevoking, p.OperationID, b.ID, BindingActive, b.Version)
+			domain.BindingRevoking, p.OperationID, b.ID, domain.BindingActive, b.Version)
 	}
 	if err != nil {
 		return err
@@ -375,8 +377,8 @@ func applyToBindingTx(ctx context.Context, tx *sqlx.Tx, p OperationCreateParams,
 }
 
 // OperationGet returns one operation by its public id. ErrNotFound when unknown.
-func (s *Store) OperationGet(ctx context.Context, operationID string) (Operation, error) {
-	var op Operation
+func (s *Store) OperationGet(ctx context.Context, operationID string) (domain.Operation, error) {
+	var op domain.Operation
 	err := s.db.GetContext(ctx, &op, `SELECT `+opCols+` FROM operation WHERE operation_id = ?`, operationID)
 	return op, translate(err)
 }
@@ -384,7 +386,7 @@ func (s *Store) OperationGet(ctx context.Context, operationID string) (Operation
 // OperationView is an operation with the web URL of its batch's MR ("" when it is in
 // no batch or the batch has no MR yet), as the HTTP API shows it.
 type OperationView struct {
-	Operation
+	domain.Operation
 	MRURL string `db:"mr_url"`
 }
 
@@ -410,7 +412,7 @@ func (s *Store) BatchMRURL(ctx context.Context, batchID int64) (string, error) {
 
 // OperationApprove approves as nobody in particular, without the four-eyes rule (tests
 // and tools; the API calls OperationApproveBy).
-func (s *Store) OperationApprove(ctx context.Context, operationID string) (Operation, error) {
+func (s *Store) OperationApprove(ctx context.Context, operationID string) (domain.Operation, error) {
 	return s.OperationApproveBy(ctx, operationID, "", false)
 }
 
@@ -419,21 +421,21 @@ func (s *Store) OperationApprove(ctx context.Context, operationID string) (Opera
 // is a no-op returning the operation; ErrSelfApproval when fourEyes and the approver
 // requested it (nothing changes); ErrStale when superseded or already rejected;
 // ErrNotFound when unknown.
-func (s *Store) OperationApproveBy(ctx context.Context, operationID, actor string, fourEyes bool) (Operation, error) {
-	var out Operation
+func (s *Store) OperationApproveBy(ctx context.Context, operationID, actor string, fourEyes bool) (domain.Operation, error) {
+	var out domain.Operation
 	err := s.withTxRetry(ctx, opIso, func(tx *sqlx.Tx) error {
 		op, b, err := lockOperationAndBinding(ctx, tx, operationID)
 		if err != nil {
 			return err
 		}
 		switch op.Status {
-		case OpQueued, OpInBatch, OpMerged, OpFailed:
+		case domain.OpQueued, domain.OpInBatch, domain.OpMerged, domain.OpFailed:
 			// Each of these lies past an approval: the same decision again changes nothing.
 			out = op
 			return nil
-		case OpRejected:
+		case domain.OpRejected:
 			return fmt.Errorf("%w: operation was rejected", ErrStale)
-		case OpPendingApproval:
+		case domain.OpPendingApproval:
 		default:
 			return fmt.Errorf("%w: operation is %s", ErrStale, op.Status)
 		}
@@ -445,7 +447,7 @@ func (s *Store) OperationApproveBy(ctx context.Context, operationID, actor strin
 		if err := guardBindingOwned(ctx, tx, op, b, pendingBindingStatus(op.Action), pendingBindingStatus(op.Action)); err != nil {
 			return err
 		}
-		if err := setOperationStatusBy(ctx, tx, op, OpQueued, "approved_by", actor); err != nil {
+		if err := setOperationStatusBy(ctx, tx, op, domain.OpQueued, "approved_by", actor); err != nil {
 			return err
 		}
 		if err := recordEventBy(ctx, tx, op.OperationID, EventApproved, 0, "", actor); err != nil {
@@ -462,7 +464,7 @@ func (s *Store) OperationApproveBy(ctx context.Context, operationID, actor strin
 
 // OperationReject rejects as nobody in particular (tests and tools; the API calls
 // OperationRejectBy).
-func (s *Store) OperationReject(ctx context.Context, operationID string) (Operation, error) {
+func (s *Store) OperationReject(ctx context.Context, operationID string) (domain.Operation, error) {
 	return s.OperationRejectBy(ctx, operationID, "")
 }
 
@@ -470,31 +472,31 @@ func (s *Store) OperationReject(ctx context.Context, operationID string) (Operat
 // back to active), recording who rejected. A repeat is a no-op; ErrStale when
 // superseded or already approved. The requester may reject (take back) its own
 // operation: four eyes guards granting, not declining.
-func (s *Store) OperationRejectBy(ctx context.Context, operationID, actor string) (Operation, error) {
-	var out Operation
+func (s *Store) OperationRejectBy(ctx context.Context, operationID, actor string) (domain.Operation, error) {
+	var out domain.Operation
 	err := s.withTxRetry(ctx, opIso, func(tx *sqlx.Tx) error {
 		op, b, err := lockOperationAndBinding(ctx, tx, operationID)
 		if err != nil {
 			return err
 		}
 		switch op.Status {
-		case OpRejected:
+		case domain.OpRejected:
 			out = op
 			return nil
-		case OpPendingApproval:
+		case domain.OpPendingApproval:
 		default:
 			return fmt.Errorf("%w: operation is %s (already approved)", ErrStale, op.Status)
 		}
 		// A rejected grant leaves no file (rejected, re-appliable); a rejected revoke
 		// leaves the file in place, so the binding is active again.
-		to := BindingRejected
-		if op.Action == ActionRevoke {
-			to = BindingActive
+		to := domain.BindingRejected
+		if op.Action == domain.ActionRevoke {
+			to = domain.BindingActive
 		}
 		if err := guardBindingOwned(ctx, tx, op, b, pendingBindingStatus(op.Action), to); err != nil {
 			return err
 		}
-		if err := setOperationStatusBy(ctx, tx, op, OpRejected, "rejected_by", actor); err != nil {
+		if err := setOperationStatusBy(ctx, tx, op, domain.OpRejected, "rejected_by", actor); err != nil {
 			return err
 		}
 		if err := recordEventBy(ctx, tx, op.OperationID, EventRejected, 0, "", actor); err != nil {
@@ -508,35 +510,35 @@ func (s *Store) OperationRejectBy(ctx context.Context, operationID, actor string
 
 // OperationRetry retries as nobody in particular (tests and tools; the API calls
 // OperationRetryBy).
-func (s *Store) OperationRetry(ctx context.Context, operationID string) (Operation, error) {
+func (s *Store) OperationRetry(ctx context.Context, operationID string) (domain.Operation, error) {
 	return s.OperationRetryBy(ctx, operationID, "")
 }
 
 // OperationRetryBy: failed → queued and re-admitted (binding back to pending/revoking),
 // recording who retried, guarded; ErrStale when the operation is not failed or no
 // longer owns its binding.
-func (s *Store) OperationRetryBy(ctx context.Context, operationID, actor string) (Operation, error) {
-	var out Operation
+func (s *Store) OperationRetryBy(ctx context.Context, operationID, actor string) (domain.Operation, error) {
+	var out domain.Operation
 	err := s.withTxRetry(ctx, opIso, func(tx *sqlx.Tx) error {
 		op, b, err := lockOperationAndBinding(ctx, tx, operationID)
 		if err != nil {
 			return err
 		}
-		if op.Status != OpFailed {
+		if op.Status != domain.OpFailed {
 			return fmt.Errorf("%w: operation is %s, not failed", ErrStale, op.Status)
 		}
 		// What a failed operation left on its binding (docs/ARCHITECTURE.md, "The state machine"): a failed grant leaves
 		// it failed (no file), a failed revoke leaves it active (file still there).
-		from, to := BindingFailed, BindingPending
-		if op.Action == ActionRevoke {
-			from, to = BindingActive, BindingRevoking
+		from, to := domain.BindingFailed, domain.BindingPending
+		if op.Action == domain.ActionRevoke {
+			from, to = domain.BindingActive, domain.BindingRevoking
 		}
 		if err := guardBindingOwned(ctx, tx, op, b, from, to); err != nil {
 			return err
 		}
 		res, err := tx.ExecContext(ctx, `UPDATE operation SET status = ?, batch_id = NULL, attempts = attempts + 1,
 			error_code = '', error_message = '', retried_by = ?, version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
-			WHERE id = ? AND status = ? AND version = ?`, OpQueued, actor, op.ID, OpFailed, op.Version)
+			WHERE id = ? AND status = ? AND version = ?`, domain.OpQueued, actor, op.ID, domain.OpFailed, op.Version)
 		if err != nil {
 			return err
 		}
@@ -564,7 +566,7 @@ func (s *Store) OperationRetryBy(ctx context.Context, operationID, actor string)
 
 // BindingList lists bindings, optionally of one subject and/or target, in id order
 // after afterID (0: from the first). Callers page by passing the last id they got.
-func (s *Store) BindingList(ctx context.Context, subject, target string, afterID int64, limit int) ([]Binding, error) {
+func (s *Store) BindingList(ctx context.Context, subject, target string, afterID int64, limit int) ([]domain.Binding, error) {
 	if limit <= 0 {
 		limit = 100
 	}
@@ -589,7 +591,7 @@ func (s *Store) BindingList(ctx context.Context, subject, target string, afterID
 	}
 	q += " ORDER BY id LIMIT ?"
 	args = append(args, limit)
-	out := []Binding{}
+	out := []domain.Binding{}
 	err := s.db.SelectContext(ctx, &out, q, args...)
 	return out, translate(err)
 }
@@ -602,16 +604,16 @@ func (s *Store) BindingList(ctx context.Context, subject, target string, afterID
 // it again would admit a new revoke every pass for ever — each with fresh attempts, so
 // neither BATCHERD_MAX_ATTEMPTS nor a human closing the MR would stop it — and would
 // make the failed revoke stale for the operator's retry, which is where it belongs.
-func (s *Store) BindingsExpired(ctx context.Context, limit int) ([]Binding, error) {
+func (s *Store) BindingsExpired(ctx context.Context, limit int) ([]domain.Binding, error) {
 	if limit <= 0 {
 		limit = 100
 	}
-	out := []Binding{}
+	out := []domain.Binding{}
 	err := s.db.SelectContext(ctx, &out, `SELECT `+bindingColsOf("b")+` FROM binding b
 		LEFT JOIN operation o ON o.operation_id = b.operation_id
 		WHERE b.status = ? AND b.expires_at <= CURRENT_TIMESTAMP(6)
 		  AND NOT (o.action <=> ? AND o.status <=> ?)
-		ORDER BY b.expires_at, b.id LIMIT ?`, BindingActive, ActionRevoke, OpFailed, limit)
+		ORDER BY b.expires_at, b.id LIMIT ?`, domain.BindingActive, domain.ActionRevoke, domain.OpFailed, limit)
 	return out, translate(err)
 }
 
@@ -621,7 +623,7 @@ func (s *Store) BindingsExpired(ctx context.Context, limit int) ([]Binding, erro
 // It reads idx_status_expires' range of active bindings already expired.
 func (s *Store) BindingsExpiredActive(ctx context.Context) (int64, error) {
 	var n int64
-	err := s.db.GetContext(ctx, &n, `SELECT COUNT(*) FROM binding WHERE status = ? AND expires_at <= CURRENT_TIMESTAMP(6)`, BindingActive)
+	err := s.db.GetContext(ctx, &n, `SELECT COUNT(*) FROM binding WHERE status = ? AND expires_at <= CURRENT_TIMESTAMP(6)`, domain.BindingActive)
 	return n, translate(err)
 }
 
@@ -634,22 +636,22 @@ func bindingColsOf(alias string) string {
 // on the binding's version so two replicas make one. ErrLostRace when another did.
 // The revoke is queued at once whatever BATCHERD_AUTO_APPROVE says: the expiry was
 // approved with the grant.
-func (s *Store) BindingExpire(ctx context.Context, b Binding, operationID string) (Operation, error) {
-	var out Operation
+func (s *Store) BindingExpire(ctx context.Context, b domain.Binding, operationID string) (domain.Operation, error) {
+	var out domain.Operation
 	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
 		// The binding's own operation (a plain read): a binding whose revoke failed is
 		// not expired again (BindingsExpired). The guard on its version below keeps this
 		// true until the write: the binding moves (and its version with it) whenever
 		// that operation does.
 		var owner struct {
-			Action Action   `db:"action"`
-			Status OpStatus `db:"status"`
+			Action domain.Action   `db:"action"`
+			Status domain.OpStatus `db:"status"`
 		}
 		switch err := tx.GetContext(ctx, &owner, `SELECT action, status FROM operation WHERE operation_id = ?`, b.OperationID); {
 		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
 			return err
-		case owner.Action == ActionRevoke && owner.Status == OpFailed:
+		case owner.Action == domain.ActionRevoke && owner.Status == domain.OpFailed:
 			return fmt.Errorf("%w: binding's revoke %s failed; it is the operator's to retry", ErrLostRace, b.OperationID)
 		}
 		// Operation first (lock order); the guarded binding write decides, and a loser
@@ -657,13 +659,13 @@ func (s *Store) BindingExpire(ctx context.Context, b Binding, operationID string
 		// Requested by batcherd itself and approved with the grant: recorded as auto.
 		if _, err := tx.ExecContext(ctx, `INSERT INTO operation
 			(operation_id, subject, target, repo, action, status, requested_by, approved_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-			operationID, b.Subject, b.Target, b.Repo, ActionRevoke, OpQueued, SystemActor, AutoApprover); err != nil {
+			operationID, b.Subject, b.Target, b.Repo, domain.ActionRevoke, domain.OpQueued, SystemActor, AutoApprover); err != nil {
 			return err
 		}
 		res, err := tx.ExecContext(ctx, `UPDATE binding SET status = ?, operation_id = ?,
 			version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
 			WHERE id = ? AND status = ? AND version = ? AND expires_at <= CURRENT_TIMESTAMP(6)`,
-			BindingRevoking, operationID, b.ID, BindingActive, b.Version)
+			domain.BindingRevoking, operationID, b.ID, domain.BindingActive, b.Version)
 		if err != nil {
 			return err
 		}
@@ -674,7 +676,7 @@ func (s *Store) BindingExpire(ctx context.Context, b Binding, operationID string
 			"binding expired; revokes operation "+b.OperationID); err != nil {
 			return err
 		}
-		if err := admitTx(ctx, tx, operationID, b.Repo, PriorityNormal, 0, "expiry"); err != nil {
+		if err := admitTx(ctx, tx, operationID, b.Repo, domain.PriorityNormal, 0, "expiry"); err != nil {
 			return err
 		}
 		out, err = operationByID(ctx, tx, operationID, false)
@@ -758,8 +760,8 @@ func mergeEvents(audit, claims []Event, limit int) []Event {
 // idx_status_updated, so the cost is the number of rows counted: small for the live
 // statuses (bounded by the work in flight), growing with history for the finished ones,
 // which operations keep for ever. Callers sample the two on different clocks.
-func (s *Store) OperationCounts(ctx context.Context, statuses ...OpStatus) (map[OpStatus]int64, error) {
-	out := make(map[OpStatus]int64, len(statuses))
+func (s *Store) OperationCounts(ctx context.Context, statuses ...domain.OpStatus) (map[domain.OpStatus]int64, error) {
+	out := make(map[domain.OpStatus]int64, len(statuses))
 	if len(statuses) == 0 {
 		return out, nil
 	}
@@ -769,8 +771,8 @@ func (s *Store) OperationCounts(ctx context.Context, statuses ...OpStatus) (map[
 		args[i] = st
 	}
 	var rows []struct {
-		Status OpStatus `db:"status"`
-		N      int64    `db:"n"`
+		Status domain.OpStatus `db:"status"`
+		N      int64           `db:"n"`
 	}
 	if err := s.db.SelectContext(ctx, &rows, qOperationCounts(len(statuses)), args...); err != nil {
 		return nil, translate(err)
@@ -816,42 +818,42 @@ func utcPtr(t *time.Time) any {
 
 // pendingBindingStatus is the binding status while an operation of this action is
 // waiting for approval or in flight.
-func pendingBindingStatus(a Action) BindingStatus {
-	if a == ActionRevoke {
-		return BindingRevoking
+func pendingBindingStatus(a domain.Action) domain.BindingStatus {
+	if a == domain.ActionRevoke {
+		return domain.BindingRevoking
 	}
-	return BindingPending
+	return domain.BindingPending
 }
 
-func operationByID(ctx context.Context, tx *sqlx.Tx, operationID string, forUpdate bool) (Operation, error) {
+func operationByID(ctx context.Context, tx *sqlx.Tx, operationID string, forUpdate bool) (domain.Operation, error) {
 	q := `SELECT ` + opCols + ` FROM operation WHERE operation_id = ?`
 	if forUpdate {
 		q += ` FOR UPDATE`
 	}
-	var op Operation
+	var op domain.Operation
 	err := tx.GetContext(ctx, &op, q, operationID)
 	return op, err
 }
 
-func bindingBySubjectTarget(ctx context.Context, tx *sqlx.Tx, subject, target string, forUpdate bool) (Binding, bool, error) {
+func bindingBySubjectTarget(ctx context.Context, tx *sqlx.Tx, subject, target string, forUpdate bool) (domain.Binding, bool, error) {
 	q := `SELECT ` + bindingCols + ` FROM binding WHERE subject = ? AND target = ?`
 	if forUpdate {
 		q += ` FOR UPDATE`
 	}
-	var b Binding
+	var b domain.Binding
 	err := tx.GetContext(ctx, &b, q, subject, target)
 	if errors.Is(err, sql.ErrNoRows) {
-		return Binding{}, false, nil
+		return domain.Binding{}, false, nil
 	}
 	return b, err == nil, err
 }
 
 // lockOperationAndBinding locks the operation, then its binding: the lock order of
 // every path that touches both. found=false bindings come back zero-valued.
-func lockOperationAndBinding(ctx context.Context, tx *sqlx.Tx, operationID string) (Operation, Binding, error) {
+func lockOperationAndBinding(ctx context.Context, tx *sqlx.Tx, operationID string) (domain.Operation, domain.Binding, error) {
 	op, err := operationByID(ctx, tx, operationID, true)
 	if err != nil {
-		return Operation{}, Binding{}, err
+		return domain.Operation{}, domain.Binding{}, err
 	}
 	b, _, err := bindingBySubjectTarget(ctx, tx, op.Subject, op.Target, true)
 	return op, b, err
@@ -861,7 +863,7 @@ func lockOperationAndBinding(ctx context.Context, tx *sqlx.Tx, operationID strin
 // and on the version read; anything else means the operation was superseded or its
 // state moved on (ErrStale). from == to still bumps version, so the check is a write
 // and a concurrent reader of the old version loses (I6).
-func guardBindingOwned(ctx context.Context, tx *sqlx.Tx, op Operation, b Binding, from, to BindingStatus) error {
+func guardBindingOwned(ctx context.Context, tx *sqlx.Tx, op domain.Operation, b domain.Binding, from, to domain.BindingStatus) error {
 	if b.ID == 0 || b.OperationID != op.OperationID {
 		return fmt.Errorf("%w: the binding now belongs to another operation", ErrStale)
 	}
@@ -882,7 +884,7 @@ func guardBindingOwned(ctx context.Context, tx *sqlx.Tx, op Operation, b Binding
 
 // setOperationStatusBy is setOperationStatus that also records a principal in column
 // (approved_by, rejected_by, withdrawn_by), in the same guarded write.
-func setOperationStatusBy(ctx context.Context, tx *sqlx.Tx, op Operation, to OpStatus, column, actor string) error {
+func setOperationStatusBy(ctx context.Context, tx *sqlx.Tx, op domain.Operation, to domain.OpStatus, column, actor string) error {
 	switch column {
 	case "approved_by", "rejected_by", "withdrawn_by":
 	default:
@@ -900,7 +902,7 @@ func setOperationStatusBy(ctx context.Context, tx *sqlx.Tx, op Operation, to OpS
 }
 
 // setOperationStatus is the guarded operation write (status AND version, I6).
-func setOperationStatus(ctx context.Context, tx *sqlx.Tx, op Operation, to OpStatus) error {
+func setOperationStatus(ctx context.Context, tx *sqlx.Tx, op domain.Operation, to domain.OpStatus) error {
 	res, err := tx.ExecContext(ctx, `UPDATE operation SET status = ?, version = version + 1, updated_at = CURRENT_TIMESTAMP(6)
 		WHERE id = ? AND status = ? AND version = ?`, to, op.ID, op.Status, op.Version)
 	if err != nil {
@@ -917,12 +919,12 @@ func setOperationStatus(ctx context.Context, tx *sqlx.Tx, op Operation, to OpSta
 // duplicate is "already admitted": ON DUPLICATE KEY turns it into a no-op without the
 // 1062 (whose shared lock would linger to the end of the transaction). attempt keeps
 // the admitted event of each retry distinct. The row's lane is the operation's priority.
-func admitTx(ctx context.Context, tx *sqlx.Tx, operationID, repo string, prio Priority, attempt int, why string) error {
+func admitTx(ctx context.Context, tx *sqlx.Tx, operationID, repo string, prio domain.Priority, attempt int, why string) error {
 	return admitTxBy(ctx, tx, operationID, repo, prio, attempt, why, "")
 }
 
 // admitTxBy is admitTx whose admitted event names the principal that caused it.
-func admitTxBy(ctx context.Context, tx *sqlx.Tx, operationID, repo string, prio Priority, attempt int, why, actor string) error {
+func admitTxBy(ctx context.Context, tx *sqlx.Tx, operationID, repo string, prio domain.Priority, attempt int, why, actor string) error {
 	res, err := tx.ExecContext(ctx, `INSERT INTO merge_batch_request (operation_id, repo, lane) VALUES (?, ?, ?)
 		ON DUPLICATE KEY UPDATE id = id`, operationID, repo, laneOf(prio))
 	if err != nil {

@@ -15,17 +15,19 @@ import (
 
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 const testRepo = "platform/access"
 
 func grant(subject, target string) store.OperationCreateParams {
 	return store.OperationCreateParams{
-		OperationID: uuid.NewString(), Subject: subject, Target: target, Repo: testRepo, Action: store.ActionGrant,
+		OperationID: uuid.NewString(), Subject: subject, Target: target, Repo: testRepo, Action: domain.ActionGrant,
 	}
 }
 
-func mustCreate(t *testing.T, st *store.Store, p store.OperationCreateParams) store.Operation {
+func mustCreate(t *testing.T, st *store.Store, p store.OperationCreateParams) domain.Operation {
 	t.Helper()
 	op, created, err := st.OperationCreate(context.Background(), p)
 	if err != nil || !created {
@@ -34,7 +36,7 @@ func mustCreate(t *testing.T, st *store.Store, p store.OperationCreateParams) st
 	return op
 }
 
-func bindingOf(t *testing.T, st *store.Store, subject, target string) store.Binding {
+func bindingOf(t *testing.T, st *store.Store, subject, target string) domain.Binding {
 	t.Helper()
 	bs, err := st.BindingList(context.Background(), subject, target, 0, 10)
 	if err != nil || len(bs) != 1 {
@@ -54,7 +56,7 @@ func waitingRows(t *testing.T, st *store.Store, operationID string) int {
 
 // setState forces a binding (and optionally its operation) into a state the batch
 // side would produce (settlement), so this file's tests do not depend on it.
-func setState(t *testing.T, st *store.Store, op store.Operation, opStatus store.OpStatus, bStatus store.BindingStatus) {
+func setState(t *testing.T, st *store.Store, op domain.Operation, opStatus domain.OpStatus, bStatus domain.BindingStatus) {
 	t.Helper()
 	if _, err := st.DB().Exec(`UPDATE operation SET status = ?, version = version + 1 WHERE operation_id = ?`, opStatus, op.OperationID); err != nil {
 		t.Fatal(err)
@@ -72,7 +74,7 @@ func TestOperationGrantApproveFlow(t *testing.T) {
 	exp := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
 	p.ExpiresAt = &exp
 	op := mustCreate(t, st, p)
-	if op.Status != store.OpPendingApproval || op.Repo != testRepo || op.ExpiresAt == nil || !op.ExpiresAt.Equal(exp) {
+	if op.Status != domain.OpPendingApproval || op.Repo != testRepo || op.ExpiresAt == nil || !op.ExpiresAt.Equal(exp) {
 		t.Fatalf("created op = %+v", op)
 	}
 	var attrs map[string]string
@@ -80,7 +82,7 @@ func TestOperationGrantApproveFlow(t *testing.T) {
 		t.Fatalf("attributes = %s (%v)", op.Attributes, err)
 	}
 	b := bindingOf(t, st, "alice", "db/prod")
-	if b.Status != store.BindingPending || b.OperationID != op.OperationID {
+	if b.Status != domain.BindingPending || b.OperationID != op.OperationID {
 		t.Fatalf("binding = %+v", b)
 	}
 	if waitingRows(t, st, op.OperationID) != 0 {
@@ -88,7 +90,7 @@ func TestOperationGrantApproveFlow(t *testing.T) {
 	}
 
 	got, err := st.OperationApprove(ctx, op.OperationID)
-	if err != nil || got.Status != store.OpQueued {
+	if err != nil || got.Status != domain.OpQueued {
 		t.Fatalf("approve: %+v %v", got, err)
 	}
 	if waitingRows(t, st, op.OperationID) != 1 {
@@ -96,7 +98,7 @@ func TestOperationGrantApproveFlow(t *testing.T) {
 	}
 	// A repeat of the same decision changes nothing.
 	again, err := st.OperationApprove(ctx, op.OperationID)
-	if err != nil || again.Version != got.Version || again.Status != store.OpQueued {
+	if err != nil || again.Version != got.Version || again.Status != domain.OpQueued {
 		t.Fatalf("repeat approve: %+v %v (first %+v)", again, err, got)
 	}
 	if waitingRows(t, st, op.OperationID) != 1 {
@@ -132,8 +134,8 @@ func TestOperationGrantApproveFlow(t *testing.T) {
 	if err != nil || v.MRURL != "" || v.OperationID != op.OperationID {
 		t.Fatalf("view: %+v %v", v, err)
 	}
-	counts, err := st.OperationCounts(ctx, store.OpQueued, store.OpMerged)
-	if err != nil || len(counts) != 2 || counts[store.OpQueued] != 1 || counts[store.OpMerged] != 0 {
+	counts, err := st.OperationCounts(ctx, domain.OpQueued, domain.OpMerged)
+	if err != nil || len(counts) != 2 || counts[domain.OpQueued] != 1 || counts[domain.OpMerged] != 0 {
 		t.Fatalf("counts: %v %v", counts, err)
 	}
 }
@@ -144,17 +146,17 @@ func TestOperationAutoApproveAndReject(t *testing.T) {
 	p := grant("bob", "db/prod")
 	p.AutoApprove = true
 	op := mustCreate(t, st, p)
-	if op.Status != store.OpQueued || waitingRows(t, st, op.OperationID) != 1 {
+	if op.Status != domain.OpQueued || waitingRows(t, st, op.OperationID) != 1 {
 		t.Fatalf("auto-approved op = %+v", op)
 	}
 
 	q := grant("carol", "db/prod")
 	op2 := mustCreate(t, st, q)
 	rej, err := st.OperationReject(ctx, op2.OperationID)
-	if err != nil || rej.Status != store.OpRejected {
+	if err != nil || rej.Status != domain.OpRejected {
 		t.Fatalf("reject: %+v %v", rej, err)
 	}
-	if b := bindingOf(t, st, "carol", "db/prod"); b.Status != store.BindingRejected {
+	if b := bindingOf(t, st, "carol", "db/prod"); b.Status != domain.BindingRejected {
 		t.Fatalf("binding after reject = %s", b.Status)
 	}
 	if again, err := st.OperationReject(ctx, op2.OperationID); err != nil || again.Version != rej.Version {
@@ -218,7 +220,7 @@ func TestI5ConcurrentReapplication(t *testing.T) {
 		t.Fatalf("%d winners, want exactly 1", len(winners))
 	}
 	after := bindingOf(t, st, "erin", "db/prod")
-	if after.ID != before.ID || after.OperationID != winners[0] || after.Status != store.BindingPending || after.Version != before.Version+1 {
+	if after.ID != before.ID || after.OperationID != winners[0] || after.Status != domain.BindingPending || after.Version != before.Version+1 {
 		t.Fatalf("binding before %+v after %+v winner %s", before, after, winners[0])
 	}
 	var ops int
@@ -232,19 +234,19 @@ func TestI5ApplicationsRefused(t *testing.T) {
 	st, _ := storetest.New(t)
 	ctx := context.Background()
 	cases := []struct {
-		binding    store.BindingStatus
+		binding    domain.BindingStatus
 		grantErr   error
 		revokeErr  error
 		grantOK    bool
 		revokeOK   bool
-		opStatusAt store.OpStatus
+		opStatusAt domain.OpStatus
 	}{
-		{store.BindingPending, store.ErrBindingBusy, store.ErrBindingBusy, false, false, store.OpPendingApproval},
-		{store.BindingActive, store.ErrBindingActive, nil, false, true, store.OpMerged},
-		{store.BindingRevoking, store.ErrBindingBusy, store.ErrBindingBusy, false, false, store.OpPendingApproval},
-		{store.BindingFailed, store.ErrBindingBusy, store.ErrBindingBusy, false, false, store.OpFailed},
-		{store.BindingRejected, nil, store.ErrBindingNotActive, true, false, store.OpRejected},
-		{store.BindingClosed, nil, store.ErrBindingNotActive, true, false, store.OpMerged},
+		{domain.BindingPending, store.ErrBindingBusy, store.ErrBindingBusy, false, false, domain.OpPendingApproval},
+		{domain.BindingActive, store.ErrBindingActive, nil, false, true, domain.OpMerged},
+		{domain.BindingRevoking, store.ErrBindingBusy, store.ErrBindingBusy, false, false, domain.OpPendingApproval},
+		{domain.BindingFailed, store.ErrBindingBusy, store.ErrBindingBusy, false, false, domain.OpFailed},
+		{domain.BindingRejected, nil, store.ErrBindingNotActive, true, false, domain.OpRejected},
+		{domain.BindingClosed, nil, store.ErrBindingNotActive, true, false, domain.OpMerged},
 	}
 	for _, c := range cases {
 		t.Run(string(c.binding), func(t *testing.T) {
@@ -270,7 +272,7 @@ func TestI5ApplicationsRefused(t *testing.T) {
 			setState(t, st, op, c.opStatusAt, c.binding)
 			before = bindingOf(t, st, subject, "t")
 			r := grant(subject, "t")
-			r.Action = store.ActionRevoke
+			r.Action = domain.ActionRevoke
 			r.Repo = "some/other-repo" // a revoke goes where the file is
 			rop, _, err := st.OperationCreate(ctx, r)
 			if c.revokeOK != (err == nil) || (!c.revokeOK && !errors.Is(err, c.revokeErr)) {
@@ -278,7 +280,7 @@ func TestI5ApplicationsRefused(t *testing.T) {
 			}
 			after := bindingOf(t, st, subject, "t")
 			if c.revokeOK {
-				if rop.Repo != testRepo || after.Status != store.BindingRevoking || after.OperationID != rop.OperationID {
+				if rop.Repo != testRepo || after.Status != domain.BindingRevoking || after.OperationID != rop.OperationID {
 					t.Fatalf("revoke: op %+v binding %+v", rop, after)
 				}
 			} else if after != before {
@@ -287,7 +289,7 @@ func TestI5ApplicationsRefused(t *testing.T) {
 		})
 	}
 	if _, _, err := st.OperationCreate(ctx, store.OperationCreateParams{
-		OperationID: uuid.NewString(), Subject: "nobody", Target: "t", Repo: testRepo, Action: store.ActionRevoke,
+		OperationID: uuid.NewString(), Subject: "nobody", Target: "t", Repo: testRepo, Action: domain.ActionRevoke,
 	}); !errors.Is(err, store.ErrBindingNotActive) {
 		t.Fatalf("revoke of absent binding: %v", err)
 	}
@@ -297,17 +299,17 @@ func TestRevokeRejectRestoresActive(t *testing.T) {
 	st, _ := storetest.New(t)
 	ctx := context.Background()
 	op := mustCreate(t, st, grant("frank", "t"))
-	setState(t, st, op, store.OpMerged, store.BindingActive)
+	setState(t, st, op, domain.OpMerged, domain.BindingActive)
 	r := grant("frank", "t")
-	r.Action = store.ActionRevoke
+	r.Action = domain.ActionRevoke
 	rop := mustCreate(t, st, r)
-	if rop.Status != store.OpPendingApproval || bindingOf(t, st, "frank", "t").Status != store.BindingRevoking {
+	if rop.Status != domain.OpPendingApproval || bindingOf(t, st, "frank", "t").Status != domain.BindingRevoking {
 		t.Fatal("revoke not pending")
 	}
 	if _, err := st.OperationReject(ctx, rop.OperationID); err != nil {
 		t.Fatal(err)
 	}
-	if b := bindingOf(t, st, "frank", "t"); b.Status != store.BindingActive {
+	if b := bindingOf(t, st, "frank", "t"); b.Status != domain.BindingActive {
 		t.Fatalf("binding after rejected revoke = %s, want active", b.Status)
 	}
 }
@@ -338,10 +340,10 @@ func TestStaleApprovalAfterReapplication(t *testing.T) {
 	if _, err := st.OperationReject(ctx, a.OperationID); !errors.Is(err, store.ErrStale) {
 		t.Fatalf("rejection of A not owning the binding: %v, want ErrStale", err)
 	}
-	if bd := bindingOf(t, st, "gina", "t"); bd.OperationID != b.OperationID || bd.Status != store.BindingPending {
+	if bd := bindingOf(t, st, "gina", "t"); bd.OperationID != b.OperationID || bd.Status != domain.BindingPending {
 		t.Fatalf("binding = %+v, want B pending", bd)
 	}
-	if got, err := st.OperationApprove(ctx, b.OperationID); err != nil || got.Status != store.OpQueued {
+	if got, err := st.OperationApprove(ctx, b.OperationID); err != nil || got.Status != domain.OpQueued {
 		t.Fatalf("approve B: %+v %v", got, err)
 	}
 }
@@ -445,15 +447,15 @@ func TestOperationRetry(t *testing.T) {
 	if _, err := st.DB().Exec(`UPDATE operation SET batch_id = 999, error_code = 'x' WHERE operation_id = ?`, op.OperationID); err != nil {
 		t.Fatal(err)
 	}
-	setState(t, st, op, store.OpFailed, store.BindingFailed)
+	setState(t, st, op, domain.OpFailed, domain.BindingFailed)
 	got, err := st.OperationRetry(ctx, op.OperationID)
-	if err != nil || got.Status != store.OpQueued || got.Attempts != 1 || got.BatchID != nil || got.ErrorCode != "" {
+	if err != nil || got.Status != domain.OpQueued || got.Attempts != 1 || got.BatchID != nil || got.ErrorCode != "" {
 		t.Fatalf("retry: %+v %v", got, err)
 	}
 	if waitingRows(t, st, op.OperationID) != 1 {
 		t.Fatal("retried operation not waiting")
 	}
-	if b := bindingOf(t, st, "jack", "t"); b.Status != store.BindingPending {
+	if b := bindingOf(t, st, "jack", "t"); b.Status != domain.BindingPending {
 		t.Fatalf("binding after retry = %s", b.Status)
 	}
 	if _, err := st.OperationRetry(ctx, op.OperationID); !errors.Is(err, store.ErrStale) {
@@ -462,18 +464,18 @@ func TestOperationRetry(t *testing.T) {
 
 	// Failed revoke: binding stays active, retry moves it back to revoking.
 	g := mustCreate(t, st, grant("kate", "t"))
-	setState(t, st, g, store.OpMerged, store.BindingActive)
+	setState(t, st, g, domain.OpMerged, domain.BindingActive)
 	r := grant("kate", "t")
-	r.Action, r.AutoApprove = store.ActionRevoke, true
+	r.Action, r.AutoApprove = domain.ActionRevoke, true
 	rop := mustCreate(t, st, r)
 	if _, err := st.DB().Exec(`DELETE FROM merge_batch_request WHERE operation_id = ?`, rop.OperationID); err != nil {
 		t.Fatal(err)
 	}
-	setState(t, st, rop, store.OpFailed, store.BindingActive)
-	if got, err := st.OperationRetry(ctx, rop.OperationID); err != nil || got.Status != store.OpQueued {
+	setState(t, st, rop, domain.OpFailed, domain.BindingActive)
+	if got, err := st.OperationRetry(ctx, rop.OperationID); err != nil || got.Status != domain.OpQueued {
 		t.Fatalf("retry revoke: %+v %v", got, err)
 	}
-	if b := bindingOf(t, st, "kate", "t"); b.Status != store.BindingRevoking {
+	if b := bindingOf(t, st, "kate", "t"); b.Status != domain.BindingRevoking {
 		t.Fatalf("binding after revoke retry = %s", b.Status)
 	}
 }
@@ -485,7 +487,7 @@ func TestBindingExpiry(t *testing.T) {
 	exp := time.Now().Add(time.Second)
 	p.ExpiresAt = &exp
 	op := mustCreate(t, st, p)
-	setState(t, st, op, store.OpMerged, store.BindingActive)
+	setState(t, st, op, domain.OpMerged, domain.BindingActive)
 	if bs, err := st.BindingsExpired(ctx, 10); err != nil || len(bs) != 0 {
 		t.Fatalf("expired before time: %v %v", bs, err)
 	}
@@ -520,7 +522,7 @@ func TestBindingExpiry(t *testing.T) {
 	}
 	b := bindingOf(t, st, "liam", "t")
 	rop, err := st.OperationGet(ctx, b.OperationID)
-	if err != nil || b.Status != store.BindingRevoking || rop.Action != store.ActionRevoke || rop.Status != store.OpQueued {
+	if err != nil || b.Status != domain.BindingRevoking || rop.Action != domain.ActionRevoke || rop.Status != domain.OpQueued {
 		t.Fatalf("after expiry: binding %+v op %+v %v", b, rop, err)
 	}
 	if waitingRows(t, st, rop.OperationID) != 1 {
@@ -532,13 +534,13 @@ func TestBindingExpiry(t *testing.T) {
 	// pass for ever, each with fresh attempts, and make the failed one stale to retry;
 	// a failed revoke is the operator's to retry.
 	res := btClaim(t, st, testRepo, 10, store.ClaimClaimed)
-	if _, err := st.BatchSettleFailed(ctx, res.BatchID, store.BatchRunning, 1, "closed_by_user", "closed"); err != nil {
+	if _, err := st.BatchSettleFailed(ctx, res.BatchID, domain.BatchRunning, 1, "closed_by_user", "closed"); err != nil {
 		t.Fatal(err)
 	}
-	if b := bindingOf(t, st, "liam", "t"); b.Status != store.BindingActive || b.OperationID != rop.OperationID {
+	if b := bindingOf(t, st, "liam", "t"); b.Status != domain.BindingActive || b.OperationID != rop.OperationID {
 		t.Fatalf("after the failed revoke: binding %+v", b)
 	}
-	if got, _ := st.OperationGet(ctx, rop.OperationID); got.Status != store.OpFailed {
+	if got, _ := st.OperationGet(ctx, rop.OperationID); got.Status != domain.OpFailed {
 		t.Fatalf("revoke after its batch failed: %s", got.Status)
 	}
 	if bs, err := st.BindingsExpired(ctx, 10); err != nil || len(bs) != 0 {
@@ -547,7 +549,7 @@ func TestBindingExpiry(t *testing.T) {
 	if _, err := st.BindingExpire(ctx, bindingOf(t, st, "liam", "t"), uuid.NewString()); !errors.Is(err, store.ErrLostRace) {
 		t.Fatalf("expiring a binding whose revoke failed: %v, want ErrLostRace", err)
 	}
-	if got, err := st.OperationRetry(ctx, rop.OperationID); err != nil || got.Status != store.OpQueued {
+	if got, err := st.OperationRetry(ctx, rop.OperationID); err != nil || got.Status != domain.OpQueued {
 		t.Fatalf("operator's retry of the failed revoke: %+v %v", got, err)
 	}
 }
@@ -567,7 +569,7 @@ func TestEventRecordDedupe(t *testing.T) {
 // --- group commit of admissions (admit_group.go) ---
 
 // sameOperation reports whether an admission's answer is exactly the stored row.
-func sameOperation(a, b store.Operation) bool {
+func sameOperation(a, b domain.Operation) bool {
 	if string(a.Attributes) != string(b.Attributes) {
 		return false
 	}
@@ -585,7 +587,7 @@ func sameOperation(a, b store.Operation) bool {
 type admitCall struct {
 	p       store.OperationCreateParams
 	group   string // what the checks group this call with
-	op      store.Operation
+	op      domain.Operation
 	created bool
 	err     error
 }
@@ -599,7 +601,7 @@ func admissionRace(t *testing.T, stores []*store.Store, rounds int) {
 
 // admissionRaceVia is admissionRace with every admission made by create.
 func admissionRaceVia(t *testing.T, stores []*store.Store, rounds int,
-	create func(*store.Store, context.Context, store.OperationCreateParams) (store.Operation, bool, error)) {
+	create func(*store.Store, context.Context, store.OperationCreateParams) (domain.Operation, bool, error)) {
 	ctx := context.Background()
 	st := stores[0]
 	for round := 0; round < rounds; round++ {
@@ -611,9 +613,9 @@ func admissionRaceVia(t *testing.T, stores []*store.Store, rounds int,
 			t.Fatal(err)
 		}
 		closed := mustCreate(t, st, grant(pre+"closed", "t"))
-		setState(t, st, closed, store.OpMerged, store.BindingClosed)
+		setState(t, st, closed, domain.OpMerged, domain.BindingClosed)
 		active := mustCreate(t, st, grant(pre+"active", "t"))
-		setState(t, st, active, store.OpMerged, store.BindingActive)
+		setState(t, st, active, domain.OpMerged, domain.BindingActive)
 		mustCreate(t, st, grant(pre+"pending", "t"))
 		stored := grant(pre+"stored", "t")
 		stored.IdempotencyKey, stored.Fingerprint, stored.IdempotencyTTL = pre+"stored-key", "fp-stored", time.Hour
@@ -645,7 +647,7 @@ func admissionRaceVia(t *testing.T, stores []*store.Store, rounds int,
 			add("rejected", p)
 			add("closed", grant(pre+"closed", "t"))
 			r := grant(pre+"active", "t") // k revokes of an active binding …
-			r.Action, r.AutoApprove = store.ActionRevoke, i%2 == 0
+			r.Action, r.AutoApprove = domain.ActionRevoke, i%2 == 0
 			add("active", r)
 			add("active", grant(pre+"active", "t")) // … and grants of it
 			add("pending", grant(pre+"pending", "t"))
@@ -667,13 +669,13 @@ func admissionRaceVia(t *testing.T, stores []*store.Store, rounds int,
 		e.ExpiresAt = &past
 		add("past", e)
 		nr := grant(pre+"nobody", "t")
-		nr.Action = store.ActionRevoke
+		nr.Action = domain.ActionRevoke
 		add("nobody", nr)
 		bad := grant(pre+"bad", "t")
 		bad.Action = "steal"
 		add("bad", bad)
 		rev := grant(pre+"bad-exp", "t")
-		rev.Action, rev.ExpiresAt = store.ActionRevoke, &past
+		rev.Action, rev.ExpiresAt = domain.ActionRevoke, &past
 		add("bad", rev)
 
 		var wg sync.WaitGroup
@@ -753,7 +755,7 @@ func admissionRaceVia(t *testing.T, stores []*store.Store, rounds int,
 		oneWinner("closed", pre+"closed", busy)
 		oneWinner("active", pre+"active", func(err error) bool { return busy(err) || errors.Is(err, store.ErrBindingActive) })
 		for _, c := range byGroup["active"] {
-			if c.created && c.p.Action != store.ActionRevoke {
+			if c.created && c.p.Action != domain.ActionRevoke {
 				t.Fatal("a grant of an active binding was created")
 			}
 		}
@@ -934,7 +936,7 @@ func testAdmissionGroupFallbackOnConcurrentWriter(t *testing.T, plain bool) {
 	ctx := context.Background()
 	st.SetAdmitOptions(store.AdmitOptions{MaxInflight: 1, Linger: time.Millisecond, PlainStatements: plain})
 	const n = 20
-	var ops []store.Operation
+	var ops []domain.Operation
 	for i := 0; i < n; i++ {
 		op := mustCreate(t, st, grant("olga-"+itoa(i), "t"))
 		if _, err := st.OperationReject(ctx, op.OperationID); err != nil {
@@ -972,11 +974,11 @@ func testAdmissionGroupFallbackOnConcurrentWriter(t *testing.T, plain bool) {
 		b := bindingOf(t, st, "olga-"+itoa(i), "t")
 		switch {
 		case err == nil:
-			if b.Status != store.BindingPending || b.OperationID == ops[i].OperationID {
+			if b.Status != domain.BindingPending || b.OperationID == ops[i].OperationID {
 				t.Fatalf("created but binding %+v", b)
 			}
 		case errors.Is(err, store.ErrLostRace):
-			if b.Status != store.BindingRejected {
+			if b.Status != domain.BindingRejected {
 				t.Fatalf("lost but binding %+v", b)
 			}
 		default:
@@ -1034,7 +1036,7 @@ func TestAdmissionGroupGuardLost(t *testing.T) {
 				t.Fatalf("answer %+v, stored %+v (%v)", c.op, got, err)
 			}
 			b := bindingOf(t, st, c.p.Subject, "t")
-			if b.OperationID != c.op.OperationID || b.Status != store.BindingPending || b.Version != 4 {
+			if b.OperationID != c.op.OperationID || b.Status != domain.BindingPending || b.Version != 4 {
 				t.Fatalf("binding %+v: want pending, owned by %s, version 4 (reject, bump, re-apply)", b, c.op.OperationID)
 			}
 		}

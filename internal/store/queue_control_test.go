@@ -15,9 +15,11 @@ import (
 
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
-func qcCreate(t testing.TB, st *store.Store, subject string, prio store.Priority, auto bool) store.Operation {
+func qcCreate(t testing.TB, st *store.Store, subject string, prio domain.Priority, auto bool) domain.Operation {
 	t.Helper()
 	p := grant(subject, "t")
 	p.Priority, p.AutoApprove = prio, auto
@@ -37,8 +39,8 @@ func TestUrgentClaimedFirst(t *testing.T) {
 		normal = append(normal, qcCreate(t, st, fmt.Sprintf("n%d", i), "", true).OperationID)
 	}
 	for i := range 3 {
-		op := qcCreate(t, st, fmt.Sprintf("u%d", i), store.PriorityUrgent, false)
-		if op.Priority != store.PriorityUrgent {
+		op := qcCreate(t, st, fmt.Sprintf("u%d", i), domain.PriorityUrgent, false)
+		if op.Priority != domain.PriorityUrgent {
 			t.Fatalf("priority = %q", op.Priority)
 		}
 		if _, err := st.OperationApprove(context.Background(), op.OperationID); err != nil {
@@ -46,7 +48,7 @@ func TestUrgentClaimedFirst(t *testing.T) {
 		}
 		urgent = append(urgent, op.OperationID)
 	}
-	if op, err := st.OperationGet(context.Background(), normal[0]); err != nil || op.Priority != store.PriorityNormal {
+	if op, err := st.OperationGet(context.Background(), normal[0]); err != nil || op.Priority != domain.PriorityNormal {
 		t.Fatalf("normal op priority = %q, %v", op.Priority, err)
 	}
 	// Two urgent with a cap of 2: only urgent.
@@ -54,7 +56,7 @@ func TestUrgentClaimedFirst(t *testing.T) {
 	if !slices.Equal(res.OperationIDs, urgent[:2]) {
 		t.Fatalf("first claim %v, want the two oldest urgent %v", res.OperationIDs, urgent[:2])
 	}
-	if _, err := st.BatchSettleSucceeded(context.Background(), res.BatchID, store.BatchRunning, 1); err != nil {
+	if _, err := st.BatchSettleSucceeded(context.Background(), res.BatchID, domain.BatchRunning, 1); err != nil {
 		t.Fatal(err)
 	}
 	res = btClaim(t, st, testRepo, 4, store.ClaimClaimed)
@@ -62,19 +64,19 @@ func TestUrgentClaimedFirst(t *testing.T) {
 		t.Fatalf("second claim %v, want %v", res.OperationIDs, want)
 	}
 	// A follow-up claim (after a settle) goes on for urgent work only.
-	if _, err := st.BatchSettleSucceeded(context.Background(), res.BatchID, store.BatchRunning, 1); err != nil {
+	if _, err := st.BatchSettleSucceeded(context.Background(), res.BatchID, domain.BatchRunning, 1); err != nil {
 		t.Fatal(err)
 	}
 	if r, err := st.BatchClaimFollowUp(context.Background(), testRepo, 10); err != nil || r.Outcome != store.ClaimNothingToClaim {
 		t.Fatalf("follow-up with only normal work = %+v, %v", r, err)
 	}
-	u := qcCreate(t, st, "u-late", store.PriorityUrgent, true)
+	u := qcCreate(t, st, "u-late", domain.PriorityUrgent, true)
 	r, err := st.BatchClaimFollowUp(context.Background(), testRepo, 2)
 	if err != nil || r.Outcome != store.ClaimClaimed || !slices.Equal(r.OperationIDs, []string{u.OperationID, normal[3]}) {
 		t.Fatalf("follow-up with urgent work = %+v, %v", r, err)
 	}
 	if _, _, err := st.OperationCreate(context.Background(), store.OperationCreateParams{
-		OperationID: uuid.NewString(), Subject: "x", Target: "t", Repo: testRepo, Action: store.ActionGrant, Priority: "high",
+		OperationID: uuid.NewString(), Subject: "x", Target: "t", Repo: testRepo, Action: domain.ActionGrant, Priority: "high",
 	}); !errors.Is(err, store.ErrInvalidRequest) {
 		t.Fatalf("unknown priority: %v", err)
 	}
@@ -183,7 +185,7 @@ func TestPauseOrdersAgainstClaimInFlight(t *testing.T) {
 	st.Hooks = nil
 	<-paused
 	storetest.InsertQueuedOps(t, st, testRepo, 1)
-	if _, err := st.BatchSettleSucceeded(ctx, res.BatchID, store.BatchRunning, 1); err != nil {
+	if _, err := st.BatchSettleSucceeded(ctx, res.BatchID, domain.BatchRunning, 1); err != nil {
 		t.Fatal(err)
 	}
 	btClaim(t, pauser, testRepo, 10, store.ClaimPaused)
@@ -196,18 +198,18 @@ func TestWithdraw(t *testing.T) {
 	st, _ := storetest.New(t)
 	ctx := context.Background()
 	pending := qcCreate(t, st, "p", "", false)
-	queued := qcCreate(t, st, "q", store.PriorityUrgent, true)
+	queued := qcCreate(t, st, "q", domain.PriorityUrgent, true)
 	claimed := qcCreate(t, st, "c", "", true)
-	for _, op := range []store.Operation{pending, queued} {
+	for _, op := range []domain.Operation{pending, queued} {
 		w, err := st.OperationWithdraw(ctx, op.OperationID, "alice")
-		if err != nil || w.Status != store.OpWithdrawn {
+		if err != nil || w.Status != domain.OpWithdrawn {
 			t.Fatalf("withdraw %s: %+v, %v", op.Status, w, err)
 		}
-		if w2, err := st.OperationWithdraw(ctx, op.OperationID, "alice"); err != nil || w2.Status != store.OpWithdrawn || w2.Version != w.Version {
+		if w2, err := st.OperationWithdraw(ctx, op.OperationID, "alice"); err != nil || w2.Status != domain.OpWithdrawn || w2.Version != w.Version {
 			t.Fatalf("repeat withdraw: %+v, %v", w2, err)
 		}
 		bs, err := st.BindingList(ctx, op.Subject, op.Target, 0, 10)
-		if err != nil || len(bs) != 1 || bs[0].Status != store.BindingClosed {
+		if err != nil || len(bs) != 1 || bs[0].Status != domain.BindingClosed {
 			t.Fatalf("binding after withdraw = %+v, %v", bs, err)
 		}
 		// The relation takes a new application.
@@ -223,13 +225,13 @@ func TestWithdraw(t *testing.T) {
 	if _, err := st.OperationWithdraw(ctx, claimed.OperationID, ""); !errors.Is(err, store.ErrInBatch) {
 		t.Fatalf("withdraw in_batch: %v", err)
 	}
-	if _, err := st.BatchSettleSucceeded(ctx, res.BatchID, store.BatchRunning, 1); err != nil {
+	if _, err := st.BatchSettleSucceeded(ctx, res.BatchID, domain.BatchRunning, 1); err != nil {
 		t.Fatal(err)
 	}
 
 	// A revoke withdrawn: the binding is active again (the file stays).
 	p := grant(claimed.Subject, claimed.Target)
-	p.Action = store.ActionRevoke
+	p.Action = domain.ActionRevoke
 	rv, _, err := st.OperationCreate(ctx, p)
 	if err != nil {
 		t.Fatal(err)
@@ -238,7 +240,7 @@ func TestWithdraw(t *testing.T) {
 		t.Fatal(err)
 	}
 	bs, err := st.BindingList(ctx, claimed.Subject, claimed.Target, 0, 10)
-	if err != nil || len(bs) != 1 || bs[0].Status != store.BindingActive {
+	if err != nil || len(bs) != 1 || bs[0].Status != domain.BindingActive {
 		t.Fatalf("binding after a withdrawn revoke = %+v, %v", bs, err)
 	}
 	evs, err := st.OperationEvents(ctx, rv.OperationID)
@@ -319,7 +321,7 @@ func TestWithdrawRacesClaim(t *testing.T) {
 						// A settlement can lose a deadlock to the claims and withdrawals
 						// around it (ErrLostRace): the scanner settles again; so does this.
 						for attempt := 0; ; attempt++ {
-							_, err := rs.BatchSettleSucceeded(ctx, res.BatchID, store.BatchRunning, 1)
+							_, err := rs.BatchSettleSucceeded(ctx, res.BatchID, domain.BatchRunning, 1)
 							if err == nil {
 								break
 							}
@@ -345,12 +347,12 @@ func TestWithdrawRacesClaim(t *testing.T) {
 			switch {
 			case outcome[i] == nil:
 				nWithdrawn.Add(1)
-				if op.Status != store.OpWithdrawn || members != 0 || waiting != 0 {
+				if op.Status != domain.OpWithdrawn || members != 0 || waiting != 0 {
 					t.Fatalf("round %d: %s withdrawn, but status %s, %d member rows, %d waiting rows", round, id, op.Status, members, waiting)
 				}
 			case errors.Is(outcome[i], store.ErrInBatch):
 				nInBatch.Add(1)
-				if op.Status != store.OpMerged || members != 1 {
+				if op.Status != domain.OpMerged || members != 1 {
 					t.Fatalf("round %d: %s answered in_batch, but status %s, %d member rows", round, id, op.Status, members)
 				}
 			default:

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // EventBatchRebased is the batch event of a recorded rebase.
@@ -16,7 +18,7 @@ const EventBatchRebased = "rebased"
 // the recorded sha, so the rebased head must be on record before a merge is armed
 // with it (fencing, as the first record in BatchRecordMR). ErrLostRace when the batch
 // moved on.
-func (s *Store) BatchRecordRebase(ctx context.Context, id, version int64, oldSHA, newSHA string) (Batch, error) {
+func (s *Store) BatchRecordRebase(ctx context.Context, id, version int64, oldSHA, newSHA string) (domain.Batch, error) {
 	detail := fmt.Sprintf("merge request of batch %d rebased onto its target: head %s → %s", id, oldSHA, newSHA)
 	return s.guardedBatchWriteThen(ctx, id, version, "mr_sha = ?", "status IN (1, 4) AND mr_iid IS NOT NULL",
 		func(tx *sqlx.Tx) error {

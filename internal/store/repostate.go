@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // GitLab states of a repository (GET /v1/repos "gitlab"; README, "Start-up
@@ -116,12 +118,12 @@ func (s *Store) RepoDriftRecord(ctx context.Context, repo string, c DriftCounts)
 // BindingFile is what the repository should hold for one binding of a repository:
 // its status, and for an active binding the grant operation that wrote its file.
 type BindingFile struct {
-	Subject     string        `db:"subject"`
-	Target      string        `db:"target"`
-	Status      BindingStatus `db:"status"`
-	OperationID string        `db:"operation_id"`
-	ExpiresAt   *time.Time    `db:"expires_at"`
-	Attributes  []byte        `db:"attributes"` // the JSON object as stored; nil when none
+	Subject     string               `db:"subject"`
+	Target      string               `db:"target"`
+	Status      domain.BindingStatus `db:"status"`
+	OperationID string               `db:"operation_id"`
+	ExpiresAt   *time.Time           `db:"expires_at"`
+	Attributes  []byte               `db:"attributes"` // the JSON object as stored; nil when none
 }
 
 // BindingFiles lists repo's bindings whose file the repository holds or may hold
@@ -141,17 +143,17 @@ func (s *Store) BindingFiles(ctx context.Context, repo string) ([]BindingFile, e
 // case-insensitively — and whose file the repository holds or is about to (active,
 // pending, revoking). A case-insensitive checkout (macOS, Windows) would make the two
 // one file. One indexed read (binding.fold_key); found=false when there is none.
-func (s *Store) BindingCaseCollision(ctx context.Context, repo, subject, target string) (other Binding, found bool, err error) {
+func (s *Store) BindingCaseCollision(ctx context.Context, repo, subject, target string) (other domain.Binding, found bool, err error) {
 	err = s.db.GetContext(ctx, &other, `SELECT id, subject, target, repo, status, operation_id, expires_at, version, created_at, updated_at
 		FROM binding
 		WHERE fold_key = SHA2(CONCAT(?, 0x00, LOWER(?), 0x00, LOWER(?)), 256)
 		  AND status IN ('active', 'pending', 'revoking') AND NOT (subject = ? AND target = ?)
 		LIMIT 1`, repo, target, subject, subject, target)
 	if errors.Is(err, sql.ErrNoRows) {
-		return Binding{}, false, nil
+		return domain.Binding{}, false, nil
 	}
 	if err != nil {
-		return Binding{}, false, translate(err)
+		return domain.Binding{}, false, translate(err)
 	}
 	return other, true, nil
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // The timeout sweep does not take a batch without an MR from a live publish
@@ -20,7 +22,7 @@ func TestTimedOutSkipsALivePublishReservation(t *testing.T) {
 	storetest.InsertQueuedOps(t, st, "group/x", 2)
 	res := btClaim(t, st, "group/x", 10, store.ClaimClaimed)
 	time.Sleep(20 * time.Millisecond)
-	timedOut := func() []store.Batch {
+	timedOut := func() []domain.Batch {
 		t.Helper()
 		out, err := st.BatchesTimedOut(ctx, time.Millisecond, 10)
 		if err != nil {

@@ -8,6 +8,8 @@ import (
 	"fmt"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // ErrInBatch: the operation was claimed by a batch (in_batch, or later merged or
@@ -32,7 +34,7 @@ const EventWithdrawn = "withdrawn"
 // preempted and its next round no longer reads the operation, the withdrawal answers
 // ErrInBatch. A withdrawal that loses a race to anything else (an approval moving the
 // operation on between its read and its write) looks again, a few times.
-func (s *Store) OperationWithdraw(ctx context.Context, operationID, by string) (Operation, error) {
+func (s *Store) OperationWithdraw(ctx context.Context, operationID, by string) (domain.Operation, error) {
 	for attempt := 0; ; attempt++ {
 		op, err := s.operationWithdrawTx(ctx, operationID, by)
 		if errors.Is(err, ErrLostRace) && attempt < 4 {
@@ -42,8 +44,8 @@ func (s *Store) OperationWithdraw(ctx context.Context, operationID, by string) (
 	}
 }
 
-func (s *Store) operationWithdrawTx(ctx context.Context, operationID, by string) (Operation, error) {
-	var out Operation
+func (s *Store) operationWithdrawTx(ctx context.Context, operationID, by string) (domain.Operation, error) {
+	var out domain.Operation
 	err := s.withTx(ctx, opIso, func(tx *sqlx.Tx) error {
 		// Plain read: every decision below is a guarded write on what was read.
 		op, err := operationByID(ctx, tx, operationID, false)
@@ -51,11 +53,11 @@ func (s *Store) operationWithdrawTx(ctx context.Context, operationID, by string)
 			return err
 		}
 		switch op.Status {
-		case OpWithdrawn:
+		case domain.OpWithdrawn:
 			out = op
 			return nil
-		case OpPendingApproval:
-		case OpQueued:
+		case domain.OpPendingApproval:
+		case domain.OpQueued:
 			// The waiting row first (the claim's lock order), and only while unclaimed.
 			res, err := tx.ExecContext(ctx, `DELETE FROM merge_batch_request
 				WHERE operation_id = ? AND batch_id IS NULL`, op.OperationID)
@@ -69,14 +71,14 @@ func (s *Store) operationWithdrawTx(ctx context.Context, operationID, by string)
 				// the row claimed), or the operation moved on since the read.
 				return ErrLostRace
 			}
-		case OpInBatch, OpMerged, OpFailed:
+		case domain.OpInBatch, domain.OpMerged, domain.OpFailed:
 			return fmt.Errorf("%w: operation is %s", ErrInBatch, op.Status)
 		default:
 			return fmt.Errorf("%w: operation is %s", ErrStale, op.Status)
 		}
 		// The operation, guarded on the status and version read (I6): a claim that
 		// committed between the read and here has moved it to in_batch.
-		if err := setOperationStatusBy(ctx, tx, op, OpWithdrawn, "withdrawn_by", by); err != nil {
+		if err := setOperationStatusBy(ctx, tx, op, domain.OpWithdrawn, "withdrawn_by", by); err != nil {
 			return ErrLostRace
 		}
 		b, _, err := bindingBySubjectTarget(ctx, tx, op.Subject, op.Target, true)
@@ -85,9 +87,9 @@ func (s *Store) operationWithdrawTx(ctx context.Context, operationID, by string)
 		}
 		// What the repository holds: nothing for a grant that never merged (closed is
 		// the re-appliable state that says so), the file for a revoke that never merged.
-		to := BindingClosed
-		if op.Action == ActionRevoke {
-			to = BindingActive
+		to := domain.BindingClosed
+		if op.Action == domain.ActionRevoke {
+			to = domain.BindingActive
 		}
 		if err := guardBindingOwned(ctx, tx, op, b, pendingBindingStatus(op.Action), to); err != nil {
 			return err
@@ -103,9 +105,9 @@ func (s *Store) operationWithdrawTx(ctx context.Context, operationID, by string)
 		op, gerr := s.OperationGet(ctx, operationID)
 		if gerr == nil {
 			switch op.Status {
-			case OpInBatch, OpMerged, OpFailed:
-				return Operation{}, fmt.Errorf("%w: operation is %s", ErrInBatch, op.Status)
-			case OpWithdrawn:
+			case domain.OpInBatch, domain.OpMerged, domain.OpFailed:
+				return domain.Operation{}, fmt.Errorf("%w: operation is %s", ErrInBatch, op.Status)
+			case domain.OpWithdrawn:
 				return op, nil
 			}
 		}

@@ -28,6 +28,8 @@ import (
 
 	"github.com/batcherd/batcherd/internal/harness"
 	"github.com/batcherd/batcherd/internal/store"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // haRun is what an HA run measures.
@@ -333,7 +335,7 @@ func (r *run) askIsolated(ctx context.Context, w *harness.GaleraNode) string {
 	defer st.Close()
 	pingErr := st.Ping(qctx)
 	_, _, createErr := st.OperationCreate(qctx, store.OperationCreateParams{OperationID: uuid.NewString(),
-		Subject: "isolated-node-probe", Target: "ha/none", Repo: repos[0], Action: store.ActionGrant})
+		Subject: "isolated-node-probe", Target: "ha/none", Repo: repos[0], Action: domain.ActionGrant})
 	for what, err := range map[string]error{"Ping (/readyz)": pingErr, "OperationCreate": createErr} {
 		if !errors.Is(err, store.ErrNotPrimary) {
 			r.violation("HA: store on isolated %s: %s answered %v, want ErrNotPrimary", w.Name, what, err)

@@ -34,6 +34,8 @@ import (
 	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
 	"github.com/batcherd/batcherd/internal/scanner"
 	"github.com/batcherd/batcherd/internal/store"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 const (
@@ -107,7 +109,7 @@ func run(n, held, waiting int) error {
 	// fills its batch with the oldest of them, so it shrinks by 19 a trial).
 	for i := range waiting {
 		if _, _, err := st.OperationCreate(ctx, store.OperationCreateParams{OperationID: uuid.NewString(),
-			Subject: fmt.Sprintf("normal-%d", i), Target: "db", Repo: repo, Action: store.ActionGrant, AutoApprove: true}); err != nil {
+			Subject: fmt.Sprintf("normal-%d", i), Target: "db", Repo: repo, Action: domain.ActionGrant, AutoApprove: true}); err != nil {
 			return err
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/batcherd/batcherd/internal/store"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // Ops describes operation rows to insert directly with SQL, bypassing the operation
@@ -16,8 +18,8 @@ import (
 type Ops struct {
 	Repo   string
 	N      int
-	Action store.Action   // default grant
-	Status store.OpStatus // default queued
+	Action domain.Action   // default grant
+	Status domain.OpStatus // default queued
 	// Admit also inserts each operation's waiting row (merge_batch_request), as approval
 	// does. Leave it false to admit later through Store.Admit.
 	Admit bool
@@ -32,17 +34,17 @@ type Ops struct {
 func InsertOps(t testing.TB, st *store.Store, o Ops) []string {
 	t.Helper()
 	if o.Action == "" {
-		o.Action = store.ActionGrant
+		o.Action = domain.ActionGrant
 	}
 	if o.Status == "" {
-		o.Status = store.OpQueued
+		o.Status = domain.OpQueued
 	}
 	if o.Prefix == "" {
 		o.Prefix = "s"
 	}
-	bstatus := store.BindingPending
-	if o.Action == store.ActionRevoke {
-		bstatus = store.BindingRevoking
+	bstatus := domain.BindingPending
+	if o.Action == domain.ActionRevoke {
+		bstatus = domain.BindingRevoking
 	}
 	ids := make([]string, o.N)
 	for i := range ids {
