@@ -5,7 +5,7 @@ PKGS      ?= ./...
 # Tests use their own databases on this server (created and dropped per test package).
 export BATCHERD_TEST_DSN ?= batcherd:batcherd@tcp(127.0.0.1:3306)/
 
-.PHONY: help db run-db test-deps openapi-lint gitlab-matrix test test-race test-short lint build bench demo run chaos ha clean
+.PHONY: help db run-db test-deps openapi-lint gitlab-matrix test test-race test-short lint build bench bench-isolation demo run chaos ha clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -41,6 +41,10 @@ build: ## build binaries into ./bin
 bench: db build ## measure admission, claims, settlement, contention and an end-to-end run against the database's own limits; writes BENCHMARKS.md (under 15 minutes)
 	@scripts/bench-tools.sh
 	$(GO) run ./bench/cmd/benchrun -out BENCHMARKS.md -bin $(BIN)
+	$(GO) run ./bench/cmd/isolation -out BENCHMARKS.md
+
+bench-isolation: db ## failure isolation against its limit alone (pipeline runs, load-independent): updates its section of BENCHMARKS.md
+	$(GO) run ./bench/cmd/isolation -out BENCHMARKS.md
 
 demo: db build ## the quickstart: fresh database, GitLab simulator, 3 replicas as processes, ~300 operations, one replica killed (about a minute)
 	$(BIN)/batcherd-demo -bin $(BIN)
