@@ -48,6 +48,9 @@ type Config struct {
 	// HASyncWait, when 0 or more, is the wsrep_sync_wait of batcherd's sessions in an
 	// HA run (-1: the server's default, 0).
 	HASyncWait int
+	// HAPartition adds, after the kills, the writer isolated from the other two nodes
+	// (frozen): the node leaves the primary component and the store is asked there.
+	HAPartition bool
 
 	Keep    bool // keep logs and the private MariaDB directory
 	Verbose bool

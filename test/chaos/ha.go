@@ -227,7 +227,7 @@ func (r *run) haKills(ctx context.Context) {
 		}
 		r.killWriter(ctx, k.kind, k.arm)
 	}
-	if ctx.Err() == nil {
+	if ctx.Err() == nil && r.cfg.HAPartition {
 		r.partition(ctx)
 	}
 }

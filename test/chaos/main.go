@@ -76,6 +76,7 @@ func main() {
 	flag.BoolVar(&cfg.DBCrash, "db-crash", false, "restart MariaDB with kill -9 (crash recovery) instead of SIGTERM")
 	flag.StringVar(&cfg.HA, "ha", "", "run on a three-node Galera cluster: single (HAProxy, one writer) or multi (each replica writes through another node); kills the writer node instead of the usual chaos")
 	flag.IntVar(&cfg.HASyncWait, "ha-sync-wait", -1, "HA runs: wsrep_sync_wait written into batcherd's DSN (-1: none, and batcherd sets 1 itself on Galera; 0 turns it off)")
+	flag.BoolVar(&cfg.HAPartition, "ha-partition", false, "HA runs: after the kills, isolate the writer (the other nodes SIGSTOPped) until it leaves the primary component, ask the store there, then let the others go on")
 	flag.BoolVar(&cfg.Keep, "keep", false, "keep the logs and the private MariaDB's directory")
 	flag.BoolVar(&cfg.Verbose, "v", false, "print every chaos event")
 	flag.Parse()
