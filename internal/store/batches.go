@@ -854,6 +854,15 @@ func qBatchList(f BatchFilter) (string, []any) {
 		args = append(args, f.AfterID)
 	}
 	q := "SELECT " + batchCols + " FROM merge_batch"
+	// With a repository the index is named: after a cursor the optimizer otherwise read
+	// idx_repo_id by ref on the repository alone, walking all of its newer batches
+	// before the cursor (TestExplainBatchListCursor), so a deep page cost its depth.
+	switch {
+	case f.Repo != "" && f.Status != 0:
+		q += " FORCE INDEX (idx_repo_status)"
+	case f.Repo != "":
+		q += " FORCE INDEX (idx_repo_id)"
+	}
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}

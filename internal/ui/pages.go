@@ -112,8 +112,8 @@ type reposData struct {
 
 // repos: GET /ui — every configured repository (waiting depth and age, pause, GitLab
 // state, drift, active batch) and the latest batches. Reads: RepoStates (three indexed
-// reads), one BatchGet per active batch (at most one per repository), the health rows
-// when wired, and the first page of batches.
+// reads), one row per active batch (at most one per repository), the health rows when
+// wired, and the first page of batches.
 func (h *Handler) repos(w http.ResponseWriter, r *http.Request, s Session) error {
 	ctx := r.Context()
 	states, err := h.st.RepoStates(ctx, h.cfg.Repos)
@@ -130,13 +130,15 @@ func (h *Handler) repos(w http.ResponseWriter, r *http.Request, s Session) error
 	d.Nav = "repos"
 	for _, st := range states {
 		row := repoRow{RepoState: st, Health: health[st.Repo]}
-		if st.ActiveBatchID != nil {
-			b, err := h.st.BatchGet(ctx, *st.ActiveBatchID)
-			switch {
-			case err == nil:
-				row.Active = &b
-			case !isNotFound(err):
+		if id := st.ActiveBatchID; id != nil {
+			// The batch row alone, one indexed read (BatchGet would read its member
+			// list too): the repository's newest batch with an id up to the active one.
+			bs, err := h.st.BatchList(ctx, store.BatchFilter{Repo: st.Repo, AfterID: *id + 1, Limit: 1})
+			if err != nil {
 				return err
+			}
+			if len(bs) == 1 && bs[0].ID == *id {
+				row.Active = &bs[0]
 			}
 		}
 		d.Repos = append(d.Repos, row)
