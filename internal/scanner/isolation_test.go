@@ -505,9 +505,13 @@ func TestTimeoutRetriedThenMaxAttempts(t *testing.T) {
 			e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
 			ids := storetest.InsertQueuedOps(t, e.st, repo, 3)
 			s := e.scanner("a", func(c *Config) { c.BatchTimeout = 500 * time.Millisecond; c.MaxAttempts = tc.maxAttempts })
+			// p publishes and finishes the retry with the default timeout: publish gives up
+			// on a batch past its timeout, and on a loaded machine a publish (or a retry's
+			// whole life) can take longer than 500 ms. Only s's sweep times batches out.
+			p := e.scanner("p", func(c *Config) { c.MaxAttempts = tc.maxAttempts })
 			ctx := context.Background()
-			res, _ := s.RunRound(ctx, repo)
-			if err := s.publish.runOnce(ctx); err != nil {
+			res, _ := p.RunRound(ctx, repo)
+			if err := p.publish.runOnce(ctx); err != nil {
 				t.Fatal(err)
 			}
 			time.Sleep(600 * time.Millisecond)
@@ -528,7 +532,7 @@ func TestTimeoutRetriedThenMaxAttempts(t *testing.T) {
 			if err := e.st.DB().Get(&retryID, "SELECT id FROM merge_batch WHERE parent_id = ? AND kind = 'retry_timeout'", b.ID); err != nil {
 				t.Fatalf("no retry: %v", err)
 			}
-			_ = s.publish.runOnce(ctx)
+			_ = p.publish.runOnce(ctx)
 			rb, _ := e.st.BatchGet(ctx, retryID)
 			if rb.MRIID == nil {
 				t.Fatal("retry not published")
@@ -536,7 +540,7 @@ func TestTimeoutRetriedThenMaxAttempts(t *testing.T) {
 			if err := e.sim.SucceedMRPipeline(repo, *rb.MRIID); err != nil {
 				t.Fatal(err)
 			}
-			if rb = e.drive(s, retryID, 10*time.Second); rb.Status != domain.BatchSucceeded {
+			if rb = e.drive(p, retryID, 10*time.Second); rb.Status != domain.BatchSucceeded {
 				t.Fatalf("retry %s", rb.Status)
 			}
 			e.requireOps(ids, domain.OpMerged)
