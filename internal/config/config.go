@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"reflect"
 	"strings"
@@ -70,6 +71,9 @@ type Config struct {
 	FlakeRetries      int           `env:"FLAKE_RETRIES, default=1" desc:"in-place retries of the failed pipeline of a batch of one member (a test or unknown failure) before that member is named the culprit; 0 names it at once"`
 	Bisect            bool          `env:"BISECT, default=true" desc:"on a test failure (script_failure) split the batch into halves, recursively, until the culprit is alone (reason culprit); false fails every member"`
 	DriftInterval     time.Duration `env:"DRIFT_INTERVAL, default=10m" desc:"how often each repository's bindings/ tree is compared with the active bindings (drift; one replica per repository per interval); 0 turns it off"`
+	EventsURL         []string      `env:"EVENTS_URL" secret:"true" desc:"comma-separated http(s) URLs that receive signed events (off when empty; never logged: a URL may carry credentials)"`
+	EventsSecret      string        `env:"EVENTS_SECRET" secret:"true" desc:"HMAC-SHA256 key of X-Batcherd-Signature (required with BATCHERD_EVENTS_URL; or BATCHERD_EVENTS_SECRET_FILE)"`
+	EventsSecretFile  string        `env:"EVENTS_SECRET_FILE" desc:"file holding the events secret"`
 	ShutdownTimeout   time.Duration `env:"SHUTDOWN_TIMEOUT, default=20s" desc:"graceful shutdown bound on SIGTERM"`
 	ReplicaID         string        `env:"REPLICA_ID" desc:"name of this replica in logs and metrics (default: hostname)"`
 
@@ -100,6 +104,7 @@ func Load(ctx context.Context, lookup envconfig.Lookuper) (*Config, error) {
 	c.APITokens = trimList(c.APITokens)
 	c.AdminTokens = trimList(c.AdminTokens)
 	c.OIDCAdminGroups = trimList(c.OIDCAdminGroups)
+	c.EventsURL = trimList(c.EventsURL)
 	if c.ReplicaID == "" {
 		c.ReplicaID, _ = os.Hostname()
 	}
@@ -154,6 +159,7 @@ func (c *Config) loadFiles() error {
 	one("GITLAB_TOKEN", c.GitLabTokenFile, c.GitLabToken != "", func(v string) { c.GitLabToken = v })
 	one("WEBHOOK_SECRET", c.WebhookSecretFile, c.WebhookSecret != "", func(v string) { c.WebhookSecret = v })
 	one("UI_SESSION_KEY", c.UISessionKeyFile, c.UISessionKey != "", func(v string) { c.UISessionKey = v })
+	one("EVENTS_SECRET", c.EventsSecretFile, c.EventsSecret != "", func(v string) { c.EventsSecret = v })
 	one("API_TOKENS", c.APITokensFile, len(trimList(c.APITokens)) > 0, func(v string) { c.APITokens = split(v) })
 	one("ADMIN_TOKENS", c.AdminTokensFile, len(trimList(c.AdminTokens)) > 0, func(v string) { c.AdminTokens = split(v) })
 	return errors.Join(errs...)
@@ -183,6 +189,7 @@ func (c *Config) Validate(n Need) error {
 		c.validateHTTP(&p)
 		c.validateLoops(&p)
 		c.validateFailurePolicy(&p)
+		c.validateEvents(&p)
 		p = append(p, c.validatePrincipals()...)
 		c.validateUI(&p)
 	}
@@ -294,6 +301,23 @@ func (c *Config) validateFailurePolicy(p *problems) {
 	}
 	if c.FlakeRetries < 0 || c.FlakeRetries > 10 {
 		p.bad("FLAKE_RETRIES", "must be between 0 and 10, got %d", c.FlakeRetries)
+	}
+}
+
+// validateEvents: the event receivers and their secret. A bad URL is named by its
+// position only: the URL itself may carry credentials.
+func (c *Config) validateEvents(p *problems) {
+	for i, raw := range c.EventsURL {
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			p.bad("EVENTS_URL", "entry %d is not an http(s) URL with a host", i+1)
+		}
+	}
+	if len(c.EventsURL) > 100 {
+		p.bad("EVENTS_URL", "at most 100 receivers, got %d", len(c.EventsURL))
+	}
+	if len(c.EventsURL) > 0 && c.EventsSecret == "" {
+		p.bad("EVENTS_SECRET", "is required with BATCHERD_EVENTS_URL (or BATCHERD_EVENTS_SECRET_FILE): receivers verify X-Batcherd-Signature with it")
 	}
 }
 

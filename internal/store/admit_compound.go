@@ -136,7 +136,7 @@ func (s *Store) groupCompound(ctx context.Context, a *admitter, work []*admitReq
 			a.optimisticSkip.Add(-1)
 		} else {
 			a.stats.optimistic.Add(1)
-			stmts, _ := buildAdmitWrites(time.Time{}, acc)
+			stmts, _ := buildAdmitWrites(time.Time{}, acc, s.EventReceivers())
 			var pre strings.Builder
 			var preArgs []any
 			pre.WriteString("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;\n")
@@ -206,7 +206,7 @@ func (s *Store) groupCompound(ctx context.Context, a *admitter, work []*admitReq
 	}
 
 	// 2. The writes, guarded, the new operations, COMMIT.
-	stmts, _ := buildAdmitWrites(time.Time{}, acc)
+	stmts, _ := buildAdmitWrites(time.Time{}, acc, s.EventReceivers())
 	ops, res, err := writeCompound(ctx, conn, "", nil, stmts, acc)
 	switch res {
 	case compoundCommitted:

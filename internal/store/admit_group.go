@@ -406,7 +406,7 @@ func (s *Store) groupPlain(ctx context.Context, a *admitter, work []*admitReq) {
 	if len(acc) == 0 {
 		return // everything refused or serial: nothing to write
 	}
-	stmts, opStmt := buildAdmitWrites(now, acc)
+	stmts, opStmt := buildAdmitWrites(now, acc, s.EventReceivers())
 	var opRes sql.Result
 	for i, st := range stmts {
 		res, err := tx.ExecContext(ctx, st.q, st.args...)
@@ -555,13 +555,30 @@ type admitStmt struct {
 // operations, bindings, waiting rows, audit), and the index of the operation INSERT.
 // With a zero now the operations take created_at/updated_at from the column default
 // (the statement's CURRENT_TIMESTAMP(6)) and the caller reads them back.
-func buildAdmitWrites(now time.Time, acc []accepted) (stmts []admitStmt, opStmt int) {
+//
+// receivers > 0 adds step 6, the operation.queued events of auto-approved operations
+// (outbox.go): one multi-row INSERT into the outbox, in the group's transaction.
+func buildAdmitWrites(now time.Time, acc []accepted, receivers int) (stmts []admitStmt, opStmt int) {
 	stmts = append(stmts, keyWrites(acc)...)
 	opStmt = len(stmts)
 	stmts = append(stmts, operationWrite(now, acc))
 	stmts = append(stmts, bindingWrites(acc)...)
 	stmts = append(stmts, waitingWrites(acc)...)
-	return append(stmts, auditWrite(acc)), opStmt
+	stmts = append(stmts, auditWrite(acc))
+	return append(stmts, outboxStmt(queuedEvents(acc), receivers)...), opStmt
+}
+
+// queuedEvents are the operation.queued events of the group's auto-approved operations.
+func queuedEvents(acc []accepted) []outEvent {
+	var evs []outEvent
+	for _, x := range acc {
+		if x.status == OpQueued {
+			p := x.r.p
+			evs = append(evs, opEvent(EventTypeOperationQueued, EventOperation{ID: p.OperationID, Subject: p.Subject,
+				Target: p.Target, Repo: x.repo, Action: string(p.Action), Status: string(OpQueued)}))
+		}
+	}
+	return evs
 }
 
 // keyWrites is step 1: idempotency keys, in (principal, key) order (lock order between

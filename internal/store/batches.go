@@ -444,6 +444,12 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 		if err != nil {
 			return err
 		}
+		// batch.opened at the claim: the batch exists and holds its members from here on,
+		// whether or not an MR is ever recorded for it (its settle reports the MR).
+		if err := s.writeOutbox(ctx, tx, []outEvent{batchEvent(EventTypeBatchOpened,
+			Batch{ID: batchID, Repo: repo, Status: BatchRunning, Size: len(rows)})}); err != nil {
+			return err
+		}
 		if s.Hooks != nil && s.Hooks.ClaimAfterUpdate != nil {
 			s.Hooks.ClaimAfterUpdate(ctx, batchID)
 		}
@@ -1087,6 +1093,12 @@ func (s *Store) batchSettleSucceeded(ctx context.Context, id int64, from domain.
 		if err := recordBatchEvents(ctx, tx, id, code, suffix,
 			fmt.Sprintf("%s; %d of %d member(s) moved to %s", detail, len(ops), len(members), domain.OpMerged),
 			EventMemberMerged, settled, fmt.Sprintf("batch %d merged: %s", id, detail)); err != nil {
+			return err
+		}
+		// Merged wins (from FAILED) reports too: the receiver saw failed, then merged.
+		evs := append([]outEvent{batchEvent(EventTypeBatchSucceeded, b)},
+			eventsOfSettled(EventTypeOperationMerged, b, ops, OpMerged, "", "")...)
+		if err := s.writeOutbox(ctx, tx, evs); err != nil {
 			return err
 		}
 		// Depth > 0: the members went through a bisection (this batch is a half, or a

@@ -161,7 +161,13 @@ func (s *Store) BatchSettleRequeue(ctx context.Context, id int64, from domain.Ba
 			return err
 		}
 		b.OperationIDs = members
-		return nil
+		// Requeued members (bisection, infrastructure retry) are not failed: they are
+		// queued again and report nothing until they merge or fail for good.
+		evs := []outEvent{batchEvent(EventTypeBatchFailed, b)}
+		for _, r := range sp.reasons {
+			evs = append(evs, eventsOfSettled(EventTypeOperationFailed, b, sp.failures[r], OpFailed, r.code, r.message)...)
+		}
+		return s.writeOutbox(ctx, tx, evs)
 	})
 	return b, err
 }

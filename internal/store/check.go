@@ -73,6 +73,7 @@ var requiredUniques = []requiredUnique{
 	{"idempotency_key", "uk_principal_key", []string{"principal", "idem_key"}, "idempotency: one result per principal and key"},
 	{"audit_event", "uk_dedupe", []string{"dedupe_key"}, "audit: re-recording an event is a no-op"},
 	{"repo_control", "PRIMARY", []string{"repo"}, "queue control: one pause row per repository"},
+	{"event_outbox", "uk_event_receiver", []string{"event_id", "receiver"}, "outbox: one row per event and receiver"},
 }
 
 // requiredIndex is a plain (non-unique) index a hot path relies on, with its exact
@@ -88,6 +89,8 @@ var requiredIndexes = []requiredIndex{
 		"claim: waiting rows of one group (bisection half, retry) of a repository, urgent first, then oldest"},
 	{"merge_batch_request", "idx_repo_waiting", []string{"repo", "batch_id", "lane", "created_at", "id"},
 		"claim: the first waiting row of a repository, urgent first, then oldest"},
+	{"event_outbox", "idx_due", []string{"delivered_at", "next_attempt_at"}, "outbox: due rows and the purge, without a scan"},
+	{"event_outbox", "idx_order", []string{"order_key", "receiver", "delivered_at", "id"}, "outbox: an operation's earlier undelivered event, per receiver"},
 }
 
 // requiredColumns are the failure-isolation columns (migration 00002) the claim and the

@@ -249,8 +249,10 @@ func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) 
 				return err
 			}
 		}
-		out, err = operationByID(ctx, tx, p.OperationID, false)
-		return err
+		if out, err = operationByID(ctx, tx, p.OperationID, false); err != nil || !p.AutoApprove {
+			return err
+		}
+		return s.writeOutbox(ctx, tx, []outEvent{eventOfOperation(EventTypeOperationQueued, out)})
 	})
 	return out, err
 }
@@ -456,8 +458,10 @@ func (s *Store) OperationApproveBy(ctx context.Context, operationID, actor strin
 		if err := admitTxBy(ctx, tx, op.OperationID, op.Repo, op.Priority, op.Attempts, "approved", actor); err != nil {
 			return err
 		}
-		out, err = operationByID(ctx, tx, operationID, false)
-		return err
+		if out, err = operationByID(ctx, tx, operationID, false); err != nil {
+			return err
+		}
+		return s.writeOutbox(ctx, tx, []outEvent{eventOfOperation(EventTypeOperationQueued, out)})
 	})
 	return out, err
 }
@@ -502,8 +506,10 @@ func (s *Store) OperationRejectBy(ctx context.Context, operationID, actor string
 		if err := recordEventBy(ctx, tx, op.OperationID, EventRejected, 0, "", actor); err != nil {
 			return err
 		}
-		out, err = operationByID(ctx, tx, operationID, false)
-		return err
+		if out, err = operationByID(ctx, tx, operationID, false); err != nil {
+			return err
+		}
+		return s.writeOutbox(ctx, tx, []outEvent{eventOfOperation(EventTypeOperationRejected, out)})
 	})
 	return out, err
 }
@@ -558,8 +564,10 @@ func (s *Store) OperationRetryBy(ctx context.Context, operationID, actor string)
 		if err := admitTxBy(ctx, tx, op.OperationID, op.Repo, op.Priority, attempt, "retry", actor); err != nil {
 			return err
 		}
-		out, err = operationByID(ctx, tx, operationID, false)
-		return err
+		if out, err = operationByID(ctx, tx, operationID, false); err != nil {
+			return err
+		}
+		return s.writeOutbox(ctx, tx, []outEvent{eventOfOperation(EventTypeOperationQueued, out)})
 	})
 	return out, err
 }
@@ -679,8 +687,10 @@ func (s *Store) BindingExpire(ctx context.Context, b domain.Binding, operationID
 		if err := admitTx(ctx, tx, operationID, b.Repo, domain.PriorityNormal, 0, "expiry"); err != nil {
 			return err
 		}
-		out, err = operationByID(ctx, tx, operationID, false)
-		return err
+		if out, err = operationByID(ctx, tx, operationID, false); err != nil {
+			return err
+		}
+		return s.writeOutbox(ctx, tx, []outEvent{eventOfOperation(EventTypeOperationQueued, out)})
 	})
 	return out, err
 }

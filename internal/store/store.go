@@ -133,6 +133,9 @@ type Options struct {
 	ConnMaxLife  time.Duration // default 5m
 	DialTimeout  time.Duration // default 5s
 	IOTimeout    time.Duration // default 30s
+	// EventReceivers: how many event receivers each event is written for (0: none,
+	// no outbox rows). See SetEventReceivers.
+	EventReceivers int
 }
 
 // Store is the handle every component shares. It is safe for concurrent use.
@@ -149,6 +152,10 @@ type Store struct {
 
 	// inst caches the installation id (installation.go).
 	inst installationCache
+
+	// receivers is how many event receivers each event is written for (outbox.go);
+	// 0 = BATCHERD_EVENTS_URL empty, no event rows.
+	receivers atomic.Int32
 
 	// Hooks lets tests stop a transaction at a chosen point (I2, I3 proofs). Nil in production.
 	Hooks *Hooks
@@ -249,7 +256,9 @@ func Open(ctx context.Context, dsn string, o Options) (*Store, error) {
 			}
 		}
 	}
-	return &Store{db: db}, nil
+	st := &Store{db: db}
+	st.SetEventReceivers(o.EventReceivers)
+	return st, nil
 }
 
 // openPool opens and pings a connection pool.
