@@ -57,7 +57,7 @@ func ExitCode(err error) int {
 }
 
 func openStore(ctx context.Context, cfg *config.Config) (*store.Store, error) {
-	return store.Open(ctx, cfg.MySQLDSN, store.Options{MaxOpenConns: cfg.MySQLMaxConn})
+	return store.Open(ctx, cfg.MySQLDSN, store.Options{MaxOpenConns: cfg.MySQLMaxConn, EventReceivers: len(cfg.EventsURL)})
 }
 
 // Migrate applies the embedded migrations and then verifies the schema.

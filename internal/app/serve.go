@@ -125,6 +125,8 @@ func New(ctx context.Context, cfg *config.Config, env Env) (*App, error) {
 		FlakeRetries:      retriesOrNone(cfg.FlakeRetries),
 		NoBisect:          !cfg.Bisect,
 		MaxAttempts:       cfg.MaxAttempts,
+		EventURLs:         cfg.EventsURL,
+		EventSecret:       cfg.EventsSecret,
 	}
 	if env.TuneScanner != nil {
 		env.TuneScanner(&scfg)

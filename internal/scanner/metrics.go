@@ -35,6 +35,12 @@ type metrics struct {
 	rebases      *prometheus.CounterVec // repo
 	flakeRetries *prometheus.CounterVec // repo
 	flakes       *prometheus.CounterVec // repo
+
+	// Events (outbox.go); receiver = its index in BATCHERD_EVENTS_URL.
+	eventsDelivered *prometheus.CounterVec // receiver
+	eventFailures   *prometheus.CounterVec // receiver
+	outboxDepth     *prometheus.GaugeVec   // receiver
+	outboxOldest    *prometheus.GaugeVec   // receiver
 }
 
 func newMetrics(reg prometheus.Registerer, replica string) *metrics {
@@ -102,6 +108,18 @@ func newMetrics(reg prometheus.Registerer, replica string) *metrics {
 	m.flakes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "batcherd_pipeline_flakes_total", Help: "Pipelines that failed and then passed when retried in place (the batch merged): flaky pipelines, by repository.", ConstLabels: cl,
 	}, []string{"repo"})
+	m.eventsDelivered = register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "batcherd_events_delivered_total", Help: "Events a receiver answered 2xx, by receiver (index in BATCHERD_EVENTS_URL).", ConstLabels: cl,
+	}, []string{"receiver"}))
+	m.eventFailures = register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "batcherd_events_delivery_failures_total", Help: "Event deliveries that failed (not 2xx, refused, timed out) and were scheduled again, by receiver.", ConstLabels: cl,
+	}, []string{"receiver"}))
+	m.outboxDepth = register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "batcherd_events_outbox_depth", Help: "Events not yet delivered, by receiver (sampled from the database by the outbox loop).", ConstLabels: cl,
+	}, []string{"receiver"}))
+	m.outboxOldest = register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "batcherd_events_outbox_oldest_age_seconds", Help: "Age of the oldest undelivered event, by receiver (0 when none waits; database clock).", ConstLabels: cl,
+	}, []string{"receiver"}))
 	m.rebases = register(reg, m.rebases)
 	m.flakeRetries = register(reg, m.flakeRetries)
 	m.flakes = register(reg, m.flakes)

@@ -107,6 +107,16 @@ type Config struct {
 	// meanwhile, and the first probe GitLab answers resumes it.
 	RefusalBackoffBase time.Duration
 	RefusalBackoffMax  time.Duration
+	// Events (outbox.go). No EventURLs: the outbox loop does not run.
+	EventURLs           []string      // receivers, in BATCHERD_EVENTS_URL order (a row's receiver is its index)
+	EventSecret         string        // HMAC-SHA256 key of X-Batcherd-Signature
+	OutboxInterval      time.Duration // [1s] poll for due events
+	OutboxLease         time.Duration // [30s] how long one delivery attempt holds an event (must exceed OutboxTimeout)
+	OutboxTimeout       time.Duration // [10s] one POST
+	OutboxBackoffBase   time.Duration // [1s] first retry of a failed delivery
+	OutboxBackoffMax    time.Duration // [10m] cap of the retry delay; retries go on at the cap for ever
+	OutboxRetention     time.Duration // [1h] delivered events are kept this long, then purged
+	OutboxPurgeInterval time.Duration // [1m]
 
 	StartJitter time.Duration // [5s] max random delay before a loop's first run
 	BackoffBase time.Duration // [1s] first retry delay after a failed run
@@ -167,6 +177,13 @@ func (c Config) withDefaults() Config {
 	defInt(&c.Workers, 4)
 	def(&c.RefusalBackoffBase, 2*time.Second)
 	def(&c.RefusalBackoffMax, time.Minute)
+	def(&c.OutboxInterval, time.Second)
+	def(&c.OutboxTimeout, 10*time.Second)
+	def(&c.OutboxLease, max(30*time.Second, 2*c.OutboxTimeout))
+	def(&c.OutboxBackoffBase, time.Second)
+	def(&c.OutboxBackoffMax, 10*time.Minute)
+	def(&c.OutboxRetention, time.Hour)
+	def(&c.OutboxPurgeInterval, time.Minute)
 	def(&c.StartJitter, 5*time.Second)
 	def(&c.BackoffBase, time.Second)
 	def(&c.BackoffMax, time.Minute)
@@ -188,6 +205,14 @@ func (c Config) Validate() error {
 	case FailureIsolate, FailureBlock:
 	default:
 		return fmt.Errorf("on failure %q: want isolate or block", c.OnFailure)
+	}
+	if len(c.EventURLs) > 0 && c.EventSecret == "" {
+		return errors.New("event receivers without a secret")
+	}
+	if c.OutboxLease <= c.OutboxTimeout {
+		// A lease shorter than a POST would let a second replica send the same event
+		// while the first one still waits for its answer.
+		return fmt.Errorf("outbox lease %s must exceed the POST timeout %s", c.OutboxLease, c.OutboxTimeout)
 	}
 	return nil
 }
@@ -212,9 +237,11 @@ type Scanner struct {
 	cleanup   *cleanupLoop
 	orphans   *orphanLoop
 	drift     *driftLoop
+	outbox    *outboxLoop
 
 	kickPublish   chan struct{}
 	kickReconcile chan struct{}
+	kickOutbox    chan struct{}
 
 	// draining is closed when Run's context ends: loops stop taking new batches while
 	// the step in hand finishes on the work context.
@@ -248,6 +275,7 @@ func New(cfg Config, st Store, gl GitLab, log *slog.Logger, reg prometheus.Regis
 		m:             m,
 		kickPublish:   make(chan struct{}, 1),
 		kickReconcile: make(chan struct{}, 1),
+		kickOutbox:    make(chan struct{}, 1),
 		draining:      make(chan struct{}),
 		pol: policy{
 			infraRetries:    max(cfg.InfraRetries, 0),
@@ -264,12 +292,20 @@ func New(cfg Config, st Store, gl GitLab, log *slog.Logger, reg prometheus.Regis
 	s.cleanup = &cleanupLoop{s: s, cfg: cleanupConfig{interval: cfg.CleanupInterval, chunk: cfg.CleanupChunk, retention: cfg.WaitingRetention}, log: log.With("loop", "cleanup")}
 	s.drift = &driftLoop{s: s, cfg: driftConfig{interval: cfg.DriftInterval, repos: cfg.Repos, target: cfg.TargetBranch}, log: log.With("loop", "drift")}
 	s.orphans = &orphanLoop{s: s, cfg: orphanConfig{interval: cfg.OrphanInterval, repos: cfg.Repos, lookback: cfg.OrphanLookback, limit: cfg.ScanLimit}, log: log.With("loop", "orphans")}
+	s.outbox = newOutboxLoop(s, outboxConfig{urls: cfg.EventURLs, secret: []byte(cfg.EventSecret), interval: cfg.OutboxInterval,
+		lease: cfg.OutboxLease, timeout: cfg.OutboxTimeout, backoffBase: cfg.OutboxBackoffBase, backoffMax: cfg.OutboxBackoffMax,
+		retention: cfg.OutboxRetention, purgeEvery: cfg.OutboxPurgeInterval, chunk: cfg.CleanupChunk, limit: cfg.ScanLimit,
+		workers: max(cfg.Workers, 8)}, log.With("loop", "outbox"))
 	return s
 }
 
 // ObserveGitLab tells the scanner what GitLab answered for repo outside its loops (the
 // start-up preflight), so GET /v1/repos and the metric start from it.
 func (s *Scanner) ObserveGitLab(repo string, err error) { s.access.observe(repo, "preflight", err) }
+
+// KickOutbox makes the outbox loop look for due events now (after a change that wrote
+// some). It never blocks.
+func (s *Scanner) KickOutbox() { kick(s.kickOutbox) }
 
 // Kick makes the publish and reconcile loops run now instead of at their next tick
 // (claims and the GitLab webhook call it). It never blocks.
@@ -310,6 +346,10 @@ func (s *Scanner) Run(ctx context.Context) error {
 		// Each pass takes only the repositories whose check is due (drift_next_at), so
 		// polling more often than the interval costs one small read per repository.
 		loops = append(loops, loopSpec{name: "drift", run: s.drift.runOnce, every: min(s.cfg.DriftInterval, time.Minute)})
+	}
+	if len(s.cfg.EventURLs) > 0 {
+		loops = append(loops, loopSpec{name: "outbox", run: s.outbox.runOnce, every: s.cfg.OutboxInterval, kick: s.kickOutbox})
+		s.log.Info("event receivers", "receivers", describeReceivers(s.cfg.EventURLs))
 	}
 	s.log.Info("scanner starting", "repos", s.cfg.Repos, "merge_mode", s.cfg.MergeMode,
 		"claim_schedule", s.cfg.ClaimSchedule, "batch_timeout", s.cfg.BatchTimeout,

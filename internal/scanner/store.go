@@ -49,6 +49,14 @@ type Store interface {
 	CleanupWaiting(ctx context.Context, olderThan time.Duration, chunk int) (int64, error)
 	EventRecord(ctx context.Context, e store.Event) (bool, error)
 
+	// events (outbox.go)
+	OutboxDue(ctx context.Context, receivers, limit int) ([]store.OutboxRow, error)
+	OutboxReserve(ctx context.Context, r store.OutboxRow, lease time.Duration) error
+	OutboxDelivered(ctx context.Context, id int64) (bool, error)
+	OutboxRetryAt(ctx context.Context, r store.OutboxRow, after time.Duration, why string) error
+	OutboxPurge(ctx context.Context, olderThan time.Duration, chunk int) (int64, error)
+	OutboxStats(ctx context.Context) ([]store.OutboxReceiverStats, error)
+
 	// installation identity: names this installation's branches (orphans)
 	Installation(ctx context.Context) (string, error)
 
