@@ -35,7 +35,7 @@ type outboxConfig struct {
 	workers     int
 }
 
-// outboxLoop delivers the event outbox (docs/ARCHITECTURE.md, "Events out"), fetch →
+// outboxLoop delivers the event outbox (README.md, "Events"), fetch →
 // tryLock like every loop: read due rows without locks (OutboxDue: per receiver, only
 // the earliest undelivered event of each operation), take each with a guarded UPDATE
 // that counts the attempt and pushes its next_attempt_at past the lease (the

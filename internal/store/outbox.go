@@ -1,6 +1,6 @@
 package store
 
-// The transactional outbox of events (docs/ARCHITECTURE.md, "Events out"). Every state
+// The transactional outbox of events (README.md, "Events"). Every state
 // change that reports an event writes its rows in the transaction of the change — one
 // more statement, one row per event and configured receiver — so the event commits
 // with the change or not at all; the dispatcher loop (internal/scanner/outbox.go)
