@@ -127,6 +127,8 @@ func New(ctx context.Context, cfg *config.Config, env Env) (*App, error) {
 		MaxAttempts:       cfg.MaxAttempts,
 		EventURLs:         cfg.EventsURL,
 		EventSecret:       cfg.EventsSecret,
+		OutboxTimeout:     cfg.EventsTimeout,
+		OutboxLease:       3 * cfg.EventsTimeout,
 	}
 	if env.TuneScanner != nil {
 		env.TuneScanner(&scfg)

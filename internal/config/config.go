@@ -74,6 +74,7 @@ type Config struct {
 	EventsURL         []string      `env:"EVENTS_URL" secret:"true" desc:"comma-separated http(s) URLs that receive signed events (off when empty; never logged: a URL may carry credentials)"`
 	EventsSecret      string        `env:"EVENTS_SECRET" secret:"true" desc:"HMAC-SHA256 key of X-Batcherd-Signature (required with BATCHERD_EVENTS_URL; or BATCHERD_EVENTS_SECRET_FILE)"`
 	EventsSecretFile  string        `env:"EVENTS_SECRET_FILE" desc:"file holding the events secret"`
+	EventsTimeout     time.Duration `env:"EVENTS_TIMEOUT, default=10s" desc:"timeout of one event POST; a replica holds an event for 3 x this while it delivers it (after a crash another replica sends it again once that has passed)"`
 	ShutdownTimeout   time.Duration `env:"SHUTDOWN_TIMEOUT, default=20s" desc:"graceful shutdown bound on SIGTERM"`
 	ReplicaID         string        `env:"REPLICA_ID" desc:"name of this replica in logs and metrics (default: hostname)"`
 
@@ -315,6 +316,9 @@ func (c *Config) validateEvents(p *problems) {
 	}
 	if len(c.EventsURL) > 100 {
 		p.bad("EVENTS_URL", "at most 100 receivers, got %d", len(c.EventsURL))
+	}
+	if c.EventsTimeout < 100*time.Millisecond || c.EventsTimeout > 5*time.Minute {
+		p.bad("EVENTS_TIMEOUT", "must be between 100ms and 5m, got %s", c.EventsTimeout)
 	}
 	if len(c.EventsURL) > 0 && c.EventsSecret == "" {
 		p.bad("EVENTS_SECRET", "is required with BATCHERD_EVENTS_URL (or BATCHERD_EVENTS_SECRET_FILE): receivers verify X-Batcherd-Signature with it")

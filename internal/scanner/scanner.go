@@ -111,7 +111,7 @@ type Config struct {
 	EventURLs           []string      // receivers, in BATCHERD_EVENTS_URL order (a row's receiver is its index)
 	EventSecret         string        // HMAC-SHA256 key of X-Batcherd-Signature
 	OutboxInterval      time.Duration // [1s] poll for due events
-	OutboxLease         time.Duration // [30s] how long one delivery attempt holds an event (must exceed OutboxTimeout)
+	OutboxLease         time.Duration // [3 × OutboxTimeout] how long one delivery attempt holds an event (must exceed OutboxTimeout)
 	OutboxTimeout       time.Duration // [10s] one POST
 	OutboxBackoffBase   time.Duration // [1s] first retry of a failed delivery
 	OutboxBackoffMax    time.Duration // [10m] cap of the retry delay; retries go on at the cap for ever
@@ -179,7 +179,7 @@ func (c Config) withDefaults() Config {
 	def(&c.RefusalBackoffMax, time.Minute)
 	def(&c.OutboxInterval, time.Second)
 	def(&c.OutboxTimeout, 10*time.Second)
-	def(&c.OutboxLease, max(30*time.Second, 2*c.OutboxTimeout))
+	def(&c.OutboxLease, 3*c.OutboxTimeout)
 	def(&c.OutboxBackoffBase, time.Second)
 	def(&c.OutboxBackoffMax, 10*time.Minute)
 	def(&c.OutboxRetention, time.Hour)

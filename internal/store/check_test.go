@@ -16,7 +16,7 @@ func TestCheckSchemaAcceptsMigratedSchema(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CheckSchema on a freshly migrated schema: %v", err)
 	}
-	if len(rep.Problems) != 0 || len(rep.Checked) != 8+2+1+7+3+1 {
+	if len(rep.Problems) != 0 || len(rep.Checked) != 8+2+1+7+3+1+3 { // +3: the outbox's unique key and two indexes (00008)
 		t.Fatalf("report = %+v", rep)
 	}
 	// The server has at least one of the two isolation variable names; which one
@@ -50,6 +50,11 @@ func TestCheckSchemaRefusesDrift(t *testing.T) {
 			name:  "idempotency keys unique per key only, not per principal",
 			alter: []string{"ALTER TABLE idempotency_key DROP INDEX uk_principal_key, ADD UNIQUE KEY uk_principal_key (idem_key)"},
 			want:  []string{"idempotency_key", "uk_principal_key", "columns are (idem_key)"},
+		},
+		{
+			name:  "outbox order index missing",
+			alter: []string{"ALTER TABLE event_outbox DROP INDEX idx_order"},
+			want:  []string{"event_outbox", "idx_order", "missing"},
 		},
 		{
 			name:  "operation without requested_by",
