@@ -136,8 +136,8 @@ func outboxStmt(evs []outEvent, n int) []admitStmt {
 }
 
 // operationWithdrawnEvent writes the operation.withdrawn event of op (as the withdraw
-// left it) inside the withdraw's own transaction: the withdraw method (issue #17) calls
-// it right after its guarded operation write, like every other change here does.
+// left it) inside the withdraw's own transaction (withdraw.go), after its guarded
+// operation write, like every other change here does.
 func (s *Store) operationWithdrawnEvent(ctx context.Context, tx *sqlx.Tx, op Operation) error {
 	return s.writeOutbox(ctx, tx, []outEvent{eventOfOperation(EventTypeOperationWithdrawn, op)})
 }

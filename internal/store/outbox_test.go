@@ -80,6 +80,17 @@ func TestOutboxEventsWrittenWithTheirChange(t *testing.T) {
 	if _, err := st.OperationRejectBy(ctx, c.OperationID, "bob"); err != nil {
 		t.Fatal(err)
 	}
+	// Withdrawn while pending, and while queued (a repeat writes nothing more).
+	w1 := mustCreate(t, st, store.OperationCreateParams{OperationID: uuid.NewString(), Subject: "ob-withdrawn", Target: "db/x",
+		Repo: testRepo, Action: store.ActionGrant, RequestedBy: "alice"})
+	w2p := grant("ob-withdrawn-queued", "db/x")
+	w2p.AutoApprove = true
+	w2 := mustCreate(t, st, w2p)
+	for _, id := range []string{w1.OperationID, w2.OperationID, w2.OperationID} {
+		if _, err := st.OperationWithdraw(ctx, id, "alice"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// A replica without receivers writes none (BATCHERD_EVENTS_URL empty).
 	quiet := storetest.Open(t, dsn, 4)
 	none := grant("ob-none", "db/x")
@@ -112,6 +123,8 @@ func TestOutboxEventsWrittenWithTheirChange(t *testing.T) {
 		a.OperationID:                      {store.EventTypeOperationQueued, store.EventTypeOperationMerged},
 		b.OperationID:                      {store.EventTypeOperationQueued, store.EventTypeOperationMerged},
 		c.OperationID:                      {store.EventTypeOperationRejected},
+		w1.OperationID:                     {store.EventTypeOperationWithdrawn},
+		w2.OperationID:                     {store.EventTypeOperationQueued, store.EventTypeOperationWithdrawn},
 		f1.OperationID:                     {store.EventTypeOperationQueued, store.EventTypeOperationFailed},
 		f2.OperationID:                     {store.EventTypeOperationQueued},
 		fmt.Sprint("batch:", bt.ID):        {store.EventTypeBatchOpened, store.EventTypeBatchSucceeded},
@@ -135,9 +148,12 @@ func TestOutboxEventsWrittenWithTheirChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(due) != 2*len(got) {
+		t.Fatalf("%d rows due, want the first event of each of the %d keys for both receivers", len(due), len(got))
+	}
 	for _, r := range due {
-		if r.Type != store.EventTypeOperationQueued && r.Type != store.EventTypeBatchOpened && r.Type != store.EventTypeOperationRejected {
-			t.Fatalf("due before its predecessor was delivered: %s of %s", r.Type, r.OrderKey)
+		if r.Type != got[r.OrderKey][0] {
+			t.Fatalf("due before its predecessor was delivered: %s of %s (events %v)", r.Type, r.OrderKey, got[r.OrderKey])
 		}
 	}
 	var bodies []string

@@ -97,8 +97,10 @@ func (s *Store) operationWithdrawTx(ctx context.Context, operationID, by string)
 		if err := recordEventBy(ctx, tx, op.OperationID, EventWithdrawn, 0, "withdrawn from "+string(op.Status), by); err != nil {
 			return err
 		}
-		out, err = operationByID(ctx, tx, operationID, false)
-		return err
+		if out, err = operationByID(ctx, tx, operationID, false); err != nil {
+			return err
+		}
+		return s.operationWithdrawnEvent(ctx, tx, out)
 	})
 	if errors.Is(err, ErrLostRace) {
 		// Read again to answer from the state that won, when it is final for us.
