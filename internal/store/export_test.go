@@ -19,6 +19,7 @@ const (
 	QFailedWithMR    = qFailedWithMR
 	QWaitingStats    = qWaitingStats
 	QCleanupWaiting  = qCleanupWaiting
+	QOutboxDue       = qOutboxDue
 )
 
 // SlotNoWait reports whether claims take the slot with the no-wait INSERT (probing the

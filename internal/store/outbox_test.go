@@ -301,3 +301,30 @@ func TestOutboxDueOrderReserveAndPurge(t *testing.T) {
 		t.Fatalf("stats = %+v, %v", stats, err)
 	}
 }
+
+// The dispatcher's read (qOutboxDue) with a large delivered history and a backlog:
+// the due range through idx_due in index order (no filesort, never the delivered
+// rows), the order check through idx_order.
+func TestOutboxDuePlan(t *testing.T) {
+	st, _ := storetest.New(t)
+	// 20,000 delivered rows and 2,000 undelivered (half blocked behind an earlier one).
+	if _, err := st.DB().Exec(`INSERT INTO event_outbox (receiver, event_id, type, order_key, operation_json, delivered_at)
+		SELECT seq % 2, UUID(), 'operation.queued', CONCAT('op-', seq DIV 4), '{}',
+		       IF(seq < 20000, CURRENT_TIMESTAMP(6), NULL)
+		  FROM seq_0_to_21999`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.DB().Exec("ANALYZE TABLE event_outbox"); err != nil {
+		t.Fatal(err)
+	}
+	plan := btExplain(t, st, store.QOutboxDue, 2, 200)
+	t.Logf("plan: %+v", plan)
+	if len(plan) != 2 || plan[0].Table != "o" || plan[0].Key != "idx_due" || strings.Contains(plan[0].Extra, "filesort") ||
+		plan[1].Table != "p" || plan[1].Key != "idx_order" {
+		t.Fatalf("qOutboxDue plan: %+v", plan)
+	}
+	due, err := st.OutboxDue(context.Background(), 2, 5000)
+	if err != nil || len(due) != 1000 {
+		t.Fatalf("due = %d rows, %v; want the 1,000 heads of the undelivered 2,000", len(due), err)
+	}
+}
