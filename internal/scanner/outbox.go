@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -78,6 +79,11 @@ func (l *outboxLoop) runOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Replicas read the same due rows in the same order; each takes them in its own
+	// random order, so racing dispatchers mostly reserve different rows instead of all
+	// losing the same races. (Order within an operation does not depend on it: only
+	// each operation's earliest undelivered event is ever due.)
+	rand.Shuffle(len(rows), func(i, j int) { rows[i], rows[j] = rows[j], rows[i] })
 	started, failed := forEach(ctx, l.s, l.cfg.workers, rows, l.deliver)
 	l.housekeeping(ctx)
 	if len(rows) == l.cfg.limit {
