@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/batcherd/batcherd/internal/domain"
 	"github.com/batcherd/batcherd/internal/store"
 	"github.com/batcherd/batcherd/internal/store/storetest"
 )
@@ -163,7 +164,7 @@ func (e *outboxEnv) lifecycle(repo string, n int) []string {
 	ids := make([]string, n)
 	for i := range n {
 		op, _, err := e.st.OperationCreate(ctx, store.OperationCreateParams{OperationID: uuid.NewString(),
-			Subject: fmt.Sprintf("%s-user-%d", repo, i), Target: "db/events", Repo: repo, Action: store.ActionGrant,
+			Subject: fmt.Sprintf("%s-user-%d", repo, i), Target: "db/events", Repo: repo, Action: domain.ActionGrant,
 			AutoApprove: true, RequestedBy: "alice"})
 		if err != nil {
 			e.t.Fatal(err)
@@ -174,7 +175,7 @@ func (e *outboxEnv) lifecycle(repo string, n int) []string {
 	if err != nil || res.Outcome != store.ClaimClaimed {
 		e.t.Fatalf("claim: %+v %v", res, err)
 	}
-	if _, err := e.st.BatchSettleSucceeded(ctx, res.BatchID, store.BatchRunning, 1); err != nil {
+	if _, err := e.st.BatchSettleSucceeded(ctx, res.BatchID, domain.BatchRunning, 1); err != nil {
 		e.t.Fatal(err)
 	}
 	return ids
@@ -458,7 +459,7 @@ func TestOutboxRacingDispatchers(t *testing.T) {
 	for i := range 20 {
 		committed := time.Now()
 		op, _, err := e.st.OperationCreate(context.Background(), store.OperationCreateParams{OperationID: uuid.NewString(),
-			Subject: fmt.Sprint("lat-", i), Target: "db/lat", Repo: "grp/lat", Action: store.ActionGrant, AutoApprove: true, RequestedBy: "alice"})
+			Subject: fmt.Sprint("lat-", i), Target: "db/lat", Repo: "grp/lat", Action: domain.ActionGrant, AutoApprove: true, RequestedBy: "alice"})
 		if err != nil {
 			t.Fatal(err)
 		}

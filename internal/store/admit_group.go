@@ -572,10 +572,10 @@ func buildAdmitWrites(now time.Time, acc []accepted, receivers int) (stmts []adm
 func queuedEvents(acc []accepted) []outEvent {
 	var evs []outEvent
 	for _, x := range acc {
-		if x.status == OpQueued {
+		if x.status == domain.OpQueued {
 			p := x.r.p
 			evs = append(evs, opEvent(EventTypeOperationQueued, EventOperation{ID: p.OperationID, Subject: p.Subject,
-				Target: p.Target, Repo: x.repo, Action: string(p.Action), Status: string(OpQueued)}))
+				Target: p.Target, Repo: x.repo, Action: string(p.Action), Status: string(domain.OpQueued)}))
 		}
 	}
 	return evs

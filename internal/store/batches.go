@@ -447,7 +447,7 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 		// batch.opened at the claim: the batch exists and holds its members from here on,
 		// whether or not an MR is ever recorded for it (its settle reports the MR).
 		if err := s.writeOutbox(ctx, tx, []outEvent{batchEvent(EventTypeBatchOpened,
-			Batch{ID: batchID, Repo: repo, Status: BatchRunning, Size: len(rows)})}); err != nil {
+			domain.Batch{ID: batchID, Repo: repo, Status: domain.BatchRunning, Size: len(rows)})}); err != nil {
 			return err
 		}
 		if s.Hooks != nil && s.Hooks.ClaimAfterUpdate != nil {
@@ -1097,7 +1097,7 @@ func (s *Store) batchSettleSucceeded(ctx context.Context, id int64, from domain.
 		}
 		// Merged wins (from FAILED) reports too: the receiver saw failed, then merged.
 		evs := append([]outEvent{batchEvent(EventTypeBatchSucceeded, b)},
-			eventsOfSettled(EventTypeOperationMerged, b, ops, OpMerged, "", "")...)
+			eventsOfSettled(EventTypeOperationMerged, b, ops, domain.OpMerged, "", "")...)
 		if err := s.writeOutbox(ctx, tx, evs); err != nil {
 			return err
 		}

@@ -165,7 +165,7 @@ func (s *Store) BatchSettleRequeue(ctx context.Context, id int64, from domain.Ba
 		// queued again and report nothing until they merge or fail for good.
 		evs := []outEvent{batchEvent(EventTypeBatchFailed, b)}
 		for _, r := range sp.reasons {
-			evs = append(evs, eventsOfSettled(EventTypeOperationFailed, b, sp.failures[r], OpFailed, r.code, r.message)...)
+			evs = append(evs, eventsOfSettled(EventTypeOperationFailed, b, sp.failures[r], domain.OpFailed, r.code, r.message)...)
 		}
 		return s.writeOutbox(ctx, tx, evs)
 	})

@@ -13,6 +13,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jmoiron/sqlx"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // Event types a receiver is sent (the contract's list; README "Events").
@@ -71,14 +73,14 @@ func opEvent(typ string, o EventOperation) outEvent {
 	return outEvent{typ: typ, orderKey: o.ID, op: b}
 }
 
-func batchEvent(typ string, b Batch) outEvent {
+func batchEvent(typ string, b domain.Batch) outEvent {
 	j, _ := json.Marshal(EventBatch{ID: b.ID, Repo: b.Repo, Status: b.Status.String(), Size: b.Size,
 		MRURL: b.MRURL, ErrorCode: b.ErrorCode, ErrorMessage: b.ErrorMessage})
 	return outEvent{typ: typ, orderKey: "batch:" + itoa(b.ID), batch: j}
 }
 
 // eventOfOperation is an operation event carrying the operation row as read.
-func eventOfOperation(typ string, op Operation) outEvent {
+func eventOfOperation(typ string, op domain.Operation) outEvent {
 	return opEvent(typ, EventOperation{ID: op.OperationID, Subject: op.Subject, Target: op.Target, Repo: op.Repo,
 		Action: string(op.Action), Status: string(op.Status), BatchID: op.BatchID,
 		ErrorCode: op.ErrorCode, ErrorMessage: op.ErrorMessage})
@@ -138,7 +140,7 @@ func outboxStmt(evs []outEvent, n int) []admitStmt {
 // operationWithdrawnEvent writes the operation.withdrawn event of op (as the withdraw
 // left it) inside the withdraw's own transaction (withdraw.go), after its guarded
 // operation write, like every other change here does.
-func (s *Store) operationWithdrawnEvent(ctx context.Context, tx *sqlx.Tx, op Operation) error {
+func (s *Store) operationWithdrawnEvent(ctx context.Context, tx *sqlx.Tx, op domain.Operation) error {
 	return s.writeOutbox(ctx, tx, []outEvent{eventOfOperation(EventTypeOperationWithdrawn, op)})
 }
 
@@ -273,7 +275,7 @@ func (s *Store) OutboxStats(ctx context.Context) ([]OutboxReceiverStats, error) 
 
 // eventsOfSettled are the operation events of settled members: each as moved to status
 // in batch b, with its error when failed.
-func eventsOfSettled(typ string, b Batch, ops []settledOp, status OpStatus, code, message string) []outEvent {
+func eventsOfSettled(typ string, b domain.Batch, ops []settledOp, status domain.OpStatus, code, message string) []outEvent {
 	evs := make([]outEvent, len(ops))
 	for i, o := range ops {
 		id := b.ID

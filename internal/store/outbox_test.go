@@ -72,7 +72,7 @@ func TestOutboxEventsWrittenWithTheirChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := mustCreate(t, st, store.OperationCreateParams{OperationID: uuid.NewString(), Subject: "ob-rejected", Target: "db/x",
-		Repo: testRepo, Action: store.ActionGrant, RequestedBy: "alice"})
+		Repo: testRepo, Action: domain.ActionGrant, RequestedBy: "alice"})
 	// A refused change (four eyes) rolls back and writes no event.
 	if _, err := st.OperationApproveBy(ctx, c.OperationID, "alice", true); !errors.Is(err, store.ErrSelfApproval) {
 		t.Fatalf("self-approval = %v", err)
@@ -82,7 +82,7 @@ func TestOutboxEventsWrittenWithTheirChange(t *testing.T) {
 	}
 	// Withdrawn while pending, and while queued (a repeat writes nothing more).
 	w1 := mustCreate(t, st, store.OperationCreateParams{OperationID: uuid.NewString(), Subject: "ob-withdrawn", Target: "db/x",
-		Repo: testRepo, Action: store.ActionGrant, RequestedBy: "alice"})
+		Repo: testRepo, Action: domain.ActionGrant, RequestedBy: "alice"})
 	w2p := grant("ob-withdrawn-queued", "db/x")
 	w2p.AutoApprove = true
 	w2 := mustCreate(t, st, w2p)
@@ -102,7 +102,7 @@ func TestOutboxEventsWrittenWithTheirChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.BatchSettleSucceeded(ctx, bt.ID, store.BatchRunning, bt.Version); err != nil {
+	if _, err := st.BatchSettleSucceeded(ctx, bt.ID, domain.BatchRunning, bt.Version); err != nil {
 		t.Fatal(err)
 	}
 
@@ -112,7 +112,7 @@ func TestOutboxEventsWrittenWithTheirChange(t *testing.T) {
 	mustCreate(t, st, f1)
 	mustCreate(t, st, f2)
 	res2 := btClaim(t, st, testRepo, 10, store.ClaimClaimed)
-	if _, err := st.BatchSettleRequeue(ctx, res2.BatchID, store.BatchRunning, 1, domain.FailureClass("test_failure"), "pipeline failed",
+	if _, err := st.BatchSettleRequeue(ctx, res2.BatchID, domain.BatchRunning, 1, domain.FailureClass("test_failure"), "pipeline failed",
 		[]store.MemberFate{{OperationID: f1.OperationID, Code: "culprit", Message: "broke the tests"},
 			{OperationID: f2.OperationID, Group: "g1", Kind: "bisect", Depth: 1, Half: 1}}); err != nil {
 		t.Fatal(err)
@@ -214,7 +214,7 @@ func TestOutboxDueOrderReserveAndPurge(t *testing.T) {
 	p.AutoApprove = true
 	mustCreate(t, st, p)
 	res := btClaim(t, st, testRepo, 10, store.ClaimClaimed)
-	if _, err := st.BatchSettleFailed(ctx, res.BatchID, store.BatchRunning, 1, "closed", "closed"); err != nil {
+	if _, err := st.BatchSettleFailed(ctx, res.BatchID, domain.BatchRunning, 1, "closed", "closed"); err != nil {
 		t.Fatal(err)
 	}
 	typesDue := func(receivers int) map[string]store.OutboxRow {
