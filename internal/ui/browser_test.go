@@ -49,7 +49,7 @@ func chromium(t *testing.T) string {
 
 // startReplica runs one batcherd replica (the whole app: API, status page, loops) on
 // :0 against a fresh database and the GitLab simulator, and returns its base URL.
-func startReplica(t *testing.T, repos ...string) string {
+func startReplica(t *testing.T, repos ...string) (string, *gitlabsim.Sim) {
 	t.Helper()
 	_, dsn := storetest.New(t)
 	sim := gitlabsim.New(gitlabsim.Options{Projects: repos, PipelineDuration: 100 * time.Millisecond})
@@ -97,7 +97,7 @@ func startReplica(t *testing.T, repos ...string) string {
 			t.Error("replica did not stop within 15s")
 		}
 	})
-	return "http://" + a.Addr()
+	return "http://" + a.Addr(), sim
 }
 
 func apiCall(t *testing.T, method, url, token string, body any) map[string]any {
@@ -125,8 +125,9 @@ func apiCall(t *testing.T, method, url, token string, body any) map[string]any {
 
 // seed makes real history through the API: grants requested by alice and approved by
 // bob (four eyes), merged through the simulator in batches; then the second repository
-// is paused with a reason and one more approved grant waits there.
-func seed(t *testing.T, base string, repos []string) (merged []string) {
+// is paused with a reason and one more approved grant waits there, and a last grant's
+// batch stays running in the first (its pipeline waits for a person).
+func seed(t *testing.T, base string, sim *gitlabsim.Sim, repos []string) (merged []string) {
 	t.Helper()
 	for i := range 4 {
 		op := apiCall(t, "POST", base+"/v1/operations", aliceToken, map[string]any{
@@ -153,6 +154,21 @@ func seed(t *testing.T, base string, repos []string) (merged []string) {
 	op := apiCall(t, "POST", base+"/v1/operations", aliceToken, map[string]any{
 		"subject": "carol", "target": "db/staging", "action": "grant", "repo": repos[1]})
 	apiCall(t, "POST", base+"/v1/operations/"+op["operation"].(map[string]any)["id"].(string)+"/approve", bobToken, nil)
+	sim.SetPipelineOptions(time.Hour, 0, true)
+	op = apiCall(t, "POST", base+"/v1/operations", aliceToken, map[string]any{
+		"subject": "dave", "target": "db/prod", "action": "grant", "repo": repos[0]})
+	id := op["operation"].(map[string]any)["id"].(string)
+	apiCall(t, "POST", base+"/v1/operations/"+id+"/approve", bobToken, nil)
+	for {
+		op := apiCall(t, "GET", base+"/v1/operations/"+id, aliceToken, nil)["operation"].(map[string]any)
+		if op["status"] == "in_batch" && op["mr_url"] != nil && op["mr_url"] != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("operation %s is %v without an MR", id, op["status"])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	return merged
 }
 
@@ -163,8 +179,8 @@ func seed(t *testing.T, base string, repos []string) (merged []string) {
 func TestBrowser(t *testing.T) {
 	exe := chromium(t)
 	repos := []string{"platform/access", "platform/other"}
-	base := startReplica(t, repos...)
-	seed(t, base, repos)
+	base, sim := startReplica(t, repos...)
+	seed(t, base, sim, repos)
 
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
 		chromedp.ExecPath(exe),
@@ -218,7 +234,7 @@ func TestBrowser(t *testing.T) {
 		t.Fatalf("logged in as %q", who)
 	}
 	reposText := text("#repos")
-	for _, want := range []string{"platform/access", "platform/other", "paused", "change freeze until the release is out", "by bob"} {
+	for _, want := range []string{"platform/access", "platform/other", "paused", "change freeze until the release is out", "by bob", "running", "MR !"} {
 		if !strings.Contains(reposText, want) {
 			t.Errorf("repositories table lacks %q:\n%s", want, reposText)
 		}
@@ -229,8 +245,8 @@ func TestBrowser(t *testing.T) {
 	}
 	writeScreenshot(t, shot)
 
-	// A batch of the recent list leads to its members.
-	do("open a batch", chromedp.Click(chromedp.CSS(`table.batches a[href^="/ui/batches/"]`)), chromedp.WaitVisible(chromedp.CSS("#members")))
+	// A merged batch of the recent list leads to its members.
+	do("open a batch", chromedp.Click(chromedp.CSS(`table.batches a[href="/ui/batches/1"]`)), chromedp.WaitVisible(chromedp.CSS("#members")))
 	members := text("#members")
 	for _, want := range []string{"user-", "db/prod", "grant", "alice", "bob", "merged"} {
 		if !strings.Contains(members, want) {

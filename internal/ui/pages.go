@@ -37,7 +37,7 @@ func (h *Handler) parse() error {
 		},
 		"bstatus": func(s domain.BatchStatus) string { return s.String() },
 		"deref":   func(p *int64) int64 { return *p },
-		"or":      func(a, b string) string { return cmpOr(a, b) },
+		"ideref":  func(p *int) int { return *p },
 	}
 	h.pages = map[string]*template.Template{}
 	for _, p := range []string{"login", "error", "repos", "batches", "batch", "operation"} {
@@ -48,13 +48,6 @@ func (h *Handler) parse() error {
 		h.pages[p] = t
 	}
 	return nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 func fmtTime(t time.Time) string {
@@ -98,7 +91,8 @@ func fmtAge(d time.Duration) string {
 // repoRow is one repository on the first page.
 type repoRow struct {
 	store.RepoState
-	Health Health
+	// Health is the repository's repo_state row (zero before a replica recorded one).
+	Health store.RepoHealth
 	// Active is the active batch (nil when the slot is free).
 	Active *domain.Batch
 }
@@ -120,13 +114,11 @@ func (h *Handler) repos(w http.ResponseWriter, r *http.Request, s Session) error
 	if err != nil {
 		return err
 	}
-	var health map[string]Health
-	if h.cfg.Health != nil {
-		if health, err = h.cfg.Health(ctx); err != nil {
-			return err
-		}
+	health, err := h.st.RepoHealths(ctx)
+	if err != nil {
+		return err
 	}
-	d := reposData{base: h.base(s, "Repositories"), HealthKnown: h.cfg.Health != nil}
+	d := reposData{base: h.base(s, "Repositories")}
 	d.Nav = "repos"
 	for _, st := range states {
 		row := repoRow{RepoState: st, Health: health[st.Repo]}

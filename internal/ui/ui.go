@@ -62,18 +62,12 @@ type Store interface {
 	BatchMembers(ctx context.Context, batchID int64) ([]domain.Operation, error)
 	OperationGetView(ctx context.Context, operationID string) (store.OperationView, error)
 	OperationEvents(ctx context.Context, operationID string) ([]store.Event, error)
+	// RepoHealths: what replicas last recorded of each repository's GitLab access and
+	// drift (one row per repository).
+	RepoHealths(ctx context.Context) (map[string]store.RepoHealth, error)
 }
 
 var _ Store = (*store.Store)(nil)
-
-// Health is what replicas last learned of a repository's GitLab access and drift.
-type Health struct {
-	// GitLab is one of ok, unauthorized, forbidden, not_found, unreachable ("" unknown).
-	GitLab string
-	// Drift counts files by kind at the last check; nil before the first.
-	Drift          map[string]int
-	DriftCheckedAt *time.Time
-}
 
 // Config is the status page's configuration.
 type Config struct {
@@ -86,9 +80,6 @@ type Config struct {
 	SessionKey []byte
 	SessionTTL time.Duration
 	Repos      []string
-	// Health, when set, reads each repository's GitLab state and drift counts from the
-	// database; nil shows them as unknown.
-	Health func(ctx context.Context) (map[string]Health, error)
 	// Now is the clock (tests); nil is time.Now.
 	Now func() time.Time
 }

@@ -75,6 +75,13 @@ func (fakeStore) OperationGetView(ctx context.Context, id string) (store.Operati
 	return store.OperationView{Operation: hostileOp(id), MRURL: "javascript:alert(2)"}, nil
 }
 
+func (fakeStore) RepoHealths(ctx context.Context) (map[string]store.RepoHealth, error) {
+	two, now := 2, time.Unix(1_700_000_000, 0)
+	return map[string]store.RepoHealth{"platform/access": {Repo: "platform/access", GitLabState: "forbidden",
+		GitLabDetail: "detail" + hostile, GitLabChangedAt: &now, DriftUnexpected: &two, DriftMissing: &two, DriftModified: &two,
+		DriftCheckedAt: &now}}, nil
+}
+
 func (fakeStore) OperationEvents(ctx context.Context, id string) ([]store.Event, error) {
 	b := int64(7)
 	return []store.Event{{OperationID: &id, BatchID: &b, Code: "ev" + hostile, Detail: "detail" + hostile, Actor: "actor" + hostile,
@@ -94,10 +101,7 @@ func newTestHandler(t *testing.T, mod func(*Config)) *Handler {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Auth: auth.New(toks, nil), SessionKey: []byte(testKey), Repos: []string{"platform/access"},
-		Health: func(context.Context) (map[string]Health, error) {
-			return map[string]Health{"platform/access": {GitLab: "forbidden", Drift: map[string]int{"missing" + hostile: 2}}}, nil
-		}}
+	cfg := Config{Auth: auth.New(toks, nil), SessionKey: []byte(testKey), Repos: []string{"platform/access"}}
 	if mod != nil {
 		mod(&cfg)
 	}
