@@ -130,9 +130,10 @@ func (l *orphanLoop) sweepOpen(ctx context.Context, repo string) error {
 	return nil
 }
 
-// sweepFailed re-reads the MRs of recently FAILED batches: merged wins.
+// sweepFailed re-reads the MRs of recently FAILED batches (by the recorded iid, else
+// by the batch's branch): merged wins.
 func (l *orphanLoop) sweepFailed(ctx context.Context) error {
-	failed, err := l.s.st.BatchesFailedWithMR(ctx, l.cfg.lookback, l.next, l.cfg.limit)
+	failed, err := l.s.st.BatchesFailedRecently(ctx, l.cfg.lookback, l.next, l.cfg.limit)
 	if err != nil {
 		return err
 	}
@@ -145,11 +146,27 @@ func (l *orphanLoop) sweepFailed(ctx context.Context) error {
 		if ctx.Err() != nil || l.s.stopping() {
 			break
 		}
-		if b.MRIID == nil || l.s.access.held(b.Repo) {
+		if l.s.access.held(b.Repo) {
 			continue
 		}
-		log := batchLog(l.log, b).With("mr_iid", *b.MRIID)
-		m, err := l.s.gl.GetMR(ctx, b.Repo, *b.MRIID)
+		log := batchLog(l.log, b)
+		var m mr.MergeRequest
+		if b.MRIID != nil {
+			log = log.With("mr_iid", *b.MRIID)
+			m, err = l.s.gl.GetMR(ctx, b.Repo, *b.MRIID)
+		} else {
+			// No MR recorded, yet one may have merged: a publisher frozen past its
+			// lease while the batch was settled opened it afterwards, then died before
+			// lostRecord could close it, and a human merged it. The open-MR sweep no
+			// longer sees a merged MR, so only this look by the branch finds it (found
+			// by the protocol model, docs/MODEL.md). Someone else's MR on the branch is
+			// never the batch's.
+			var found bool
+			m, found, err = l.s.gl.FindMR(ctx, b.Repo, batchBranch(b), b.ID)
+			if isForeign(err) || (err == nil && !found) {
+				continue
+			}
+		}
 		if err != nil {
 			l.s.itemErr("orphans", log, "reading a failed batch's MR failed", err)
 			continue

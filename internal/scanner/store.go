@@ -29,7 +29,7 @@ type Store interface {
 	BatchMarkDue(ctx context.Context, id int64) error
 	BatchesDue(ctx context.Context, limit int) ([]domain.Batch, error)
 	BatchesTimedOut(ctx context.Context, timeout time.Duration, limit int) ([]domain.Batch, error)
-	BatchesFailedWithMR(ctx context.Context, within time.Duration, after store.FailedCursor, limit int) ([]domain.Batch, error)
+	BatchesFailedRecently(ctx context.Context, within time.Duration, after store.FailedCursor, limit int) ([]domain.Batch, error)
 
 	// guarded batch writes and settlements
 	BatchRecordMR(ctx context.Context, id, version int64, mr store.MRRecord) (domain.Batch, error)

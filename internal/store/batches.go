@@ -162,13 +162,15 @@ const (
 		        AND (rs.gitlab_state IN ` + refusalList + `
 		             OR rs.timeout_resume_at > CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND))
 		LIMIT ?`
-	// qFailedWithMR: recently failed batches with an MR (idx_status_updated). updated_at
-	// bounds the index range: a FAILED batch is not written again except by "merged
-	// wins", which moves it out of FAILED, so updated_at == finished_at here.
-	qFailedWithMR = "SELECT " + batchCols + ` FROM merge_batch
+	// qFailedRecently: recently failed batches, with or without a recorded MR
+	// (idx_status_updated). updated_at bounds the index range: a FAILED batch is not
+	// written again except by "merged wins", which moves it out of FAILED (or records
+	// its MR first, in the same pass), so updated_at == finished_at here. Batches
+	// without a recorded MR are read too: an MR its publisher opened and never recorded
+	// can have merged (found by the protocol model, docs/MODEL.md).
+	qFailedRecently = "SELECT " + batchCols + ` FROM merge_batch
 		WHERE status = 3 AND updated_at >= CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
 		  AND finished_at >= CURRENT_TIMESTAMP(6) - INTERVAL ? MICROSECOND
-		  AND mr_iid IS NOT NULL
 		  AND (updated_at > ? OR (updated_at = ? AND id > ?))
 		ORDER BY updated_at, id LIMIT ?`
 	// qWaitingStats: depth and oldest age per repository (covering scan of
@@ -1264,7 +1266,7 @@ func (s *Store) BatchesTimedOut(ctx context.Context, timeout time.Duration, limi
 	return out, translate(err)
 }
 
-// FailedCursor is a position in BatchesFailedWithMR's (updated_at, id) order; the zero
+// FailedCursor is a position in BatchesFailedRecently's (updated_at, id) order; the zero
 // value is the start.
 type FailedCursor struct {
 	UpdatedAt time.Time
@@ -1276,12 +1278,12 @@ func (c FailedCursor) After(b domain.Batch) FailedCursor {
 	return FailedCursor{UpdatedAt: b.UpdatedAt, ID: b.ID}
 }
 
-// BatchesFailedWithMR returns FAILED batches with a recorded MR finished within the
+// BatchesFailedRecently returns FAILED batches, with or without a recorded MR, finished within the
 // last `within` (DB clock) — what the orphan sweep re-reads to let "merged wins" — in
 // (updated_at, id) order after the cursor. A caller pages through them pass by pass and
 // starts over when a page comes back short: reading the first page every time would
 // never reach the newest failures once more than a page of them accumulate.
-func (s *Store) BatchesFailedWithMR(ctx context.Context, within time.Duration, after FailedCursor, limit int) ([]domain.Batch, error) {
+func (s *Store) BatchesFailedRecently(ctx context.Context, within time.Duration, after FailedCursor, limit int) ([]domain.Batch, error) {
 	if limit <= 0 {
 		limit = 100
 	}
@@ -1290,7 +1292,7 @@ func (s *Store) BatchesFailedWithMR(ctx context.Context, within time.Duration, a
 		from = time.Unix(0, 0).UTC() // DATETIME(6) holds no year 1 the driver would send
 	}
 	out := []domain.Batch{}
-	err := s.db.SelectContext(ctx, &out, qFailedWithMR, micros(within), micros(within), from, from, after.ID, limit)
+	err := s.db.SelectContext(ctx, &out, qFailedRecently, micros(within), micros(within), from, from, after.ID, limit)
 	return out, translate(err)
 }
 

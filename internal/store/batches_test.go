@@ -996,12 +996,12 @@ func TestSettleSucceededFromFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	failed, err := st.BatchesFailedWithMR(ctx, time.Hour, store.FailedCursor{}, 10)
+	failed, err := st.BatchesFailedRecently(ctx, time.Hour, store.FailedCursor{}, 10)
 	if err != nil || len(failed) != 1 || failed[0].ID != b.ID {
-		t.Fatalf("BatchesFailedWithMR = %+v, %v", failed, err)
+		t.Fatalf("BatchesFailedRecently = %+v, %v", failed, err)
 	}
-	if past, err := st.BatchesFailedWithMR(ctx, time.Hour, store.FailedCursor{}.After(failed[0]), 10); err != nil || len(past) != 0 {
-		t.Fatalf("BatchesFailedWithMR after the last one = %+v, %v", past, err)
+	if past, err := st.BatchesFailedRecently(ctx, time.Hour, store.FailedCursor{}.After(failed[0]), 10); err != nil || len(past) != 0 {
+		t.Fatalf("BatchesFailedRecently after the last one = %+v, %v", past, err)
 	}
 	if _, err := st.BatchSettleSucceeded(ctx, b.ID, domain.BatchRunning, b.Version); !errors.Is(err, store.ErrLostRace) {
 		t.Fatalf("settling a FAILED batch as if RUNNING = %v, want ErrLostRace", err)
@@ -1016,8 +1016,8 @@ func TestSettleSucceededFromFailed(t *testing.T) {
 	if s := btOpStatus(t, st, grants[2:])[grants[2]]; s != domain.OpInBatch {
 		t.Fatalf("a member retried into another batch was changed to %s", s)
 	}
-	if failed, err := st.BatchesFailedWithMR(ctx, time.Hour, store.FailedCursor{}, 10); err != nil || len(failed) != 0 {
-		t.Fatalf("BatchesFailedWithMR after merged wins = %+v, %v", failed, err)
+	if failed, err := st.BatchesFailedRecently(ctx, time.Hour, store.FailedCursor{}, 10); err != nil || len(failed) != 0 {
+		t.Fatalf("BatchesFailedRecently after merged wins = %+v, %v", failed, err)
 	}
 	if _, err := st.BatchSettleFailed(ctx, b.ID, domain.BatchSucceeded, b.Version, "x", "y"); err == nil {
 		t.Fatal("settling a SUCCEEDED batch as failed was accepted")

@@ -16,7 +16,7 @@ const (
 	QBatchMembers    = qBatchMembers
 	QBatchesDue      = qBatchesDue
 	QBatchesTimedOut = qBatchesTimedOut
-	QFailedWithMR    = qFailedWithMR
+	QFailedRecently  = qFailedRecently
 	QWaitingStats    = qWaitingStats
 	QCleanupWaiting  = qCleanupWaiting
 	QOutboxDue       = qOutboxDue
