@@ -5,7 +5,7 @@ PKGS      ?= ./...
 # Tests use their own databases on this server (created and dropped per test package).
 export BATCHERD_TEST_DSN ?= batcherd:batcherd@tcp(127.0.0.1:3306)/
 
-.PHONY: help db run-db test-deps openapi-lint gitlab-matrix test test-race test-short lint build bench bench-isolation demo run chaos ha clean
+.PHONY: help db run-db test-deps model openapi-lint gitlab-matrix test test-race test-short lint build bench bench-isolation demo run chaos ha clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -25,6 +25,9 @@ test: db test-deps openapi-lint ## the test command: bootstrap MariaDB, install 
 
 gitlab-matrix: db ## the scanner's end-to-end scenarios (publish → merge, failure isolation, crash resume) against every simulated GitLab version × merge method (9 cells; the suite runs 3)
 	BATCHERD_GITLAB_MATRIX=full $(GO) test -race -count=1 -run TestGitLabMatrix ./internal/scanner/
+
+model: ## model-check the protocol with spin: the model holds every property and every mutant is caught (installs spin when missing; a few minutes; docs/MODEL.md)
+	@scripts/model.sh full
 
 test-race: test ## alias of test (the suite always runs under -race)
 

@@ -60,6 +60,8 @@ check_all() {
   need "the status page's browser test drives headless Chromium (internal/ui)" chromium have chromium
   need "binding files must read back exactly with a YAML 1.1 reader: PyYAML safe_load (internal/mr)" python3-yaml python3 -c "import yaml"
   need "binding files must read back exactly with js-yaml (internal/mr; Debian's node-js-yaml lives in /usr/share/nodejs)" "nodejs node-js-yaml" env NODE_PATH=/usr/share/nodejs node -e "require('js-yaml')"
+  need "the protocol model test runs spin and compiles its verifier (model/, scripts/model.sh)" "spin gcc bc" have spin
+  need "scripts/model.sh times its runs with bc" bc have bc
   # ---- end of requirements ----
 }
 
