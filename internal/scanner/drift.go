@@ -98,6 +98,7 @@ func (l *driftLoop) runOnce(ctx context.Context) error {
 		if !taken {
 			continue // another replica checked it within the interval
 		}
+		l.s.m.outcomes.WithLabelValues("drift", "taken").Inc()
 		started++
 		if err := l.check(ctx, repo, log); err != nil {
 			failed++

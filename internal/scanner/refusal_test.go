@@ -30,13 +30,16 @@ func TestTokenRefusedHoldsWorkUntilFixed(t *testing.T) {
 		c.RefusalBackoffBase = 50 * time.Millisecond
 		c.RefusalBackoffMax = 100 * time.Millisecond
 	})
-	res, err := s.RunRound(bg, repo)
+	// Published by a replica with the default timeout: one with a timeout this short
+	// does not publish a batch past it, and under load publishing can take that long.
+	pub := e.scanner("pub", nil)
+	res, err := pub.RunRound(bg, repo)
 	if err != nil || res.Outcome != store.ClaimClaimed {
 		t.Fatalf("round: %+v %v", res, err)
 	}
 	var b domain.Batch
 	waitUntil(t, 20*time.Second, "the batch is published", func() bool {
-		_ = s.publish.runOnce(bg)
+		_ = pub.publish.runOnce(bg)
 		b, _ = e.st.BatchGet(bg, res.BatchID)
 		return b.MRIID != nil
 	})
