@@ -255,12 +255,18 @@ func TestHumanMergeWhileTimeoutCloses(t *testing.T) {
 			e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
 			ids := storetest.InsertQueuedOps(t, e.st, repo, 4)
 			s := e.scanner("a", func(c *Config) { c.BatchTimeout = 500 * time.Millisecond })
+			// Published by a replica of the default timeout (publish gives up on a batch past
+			// its timeout, and a loaded machine's publish can take longer than 500 ms).
+			p := e.scanner("p", nil)
 			bg := context.Background()
-			res, _ := s.RunRound(bg, repo)
-			if err := s.publish.runOnce(bg); err != nil {
+			res, _ := p.RunRound(bg, repo)
+			if err := p.publish.runOnce(bg); err != nil {
 				t.Fatal(err)
 			}
 			b, _ := e.st.BatchGet(bg, res.BatchID)
+			if b.MRIID == nil {
+				t.Fatal("not published")
+			}
 			time.Sleep(600 * time.Millisecond)
 			merged := false
 			s.testHook = func(_ context.Context, st string, id int64) {
