@@ -176,10 +176,15 @@ func TestLostCloseAnswer(t *testing.T) {
 	ids := storetest.InsertQueuedOps(t, e.st, repo, 2)
 	// No retry: the timeout fails the members, which is what this test looks at.
 	s := e.scanner("a", func(c *Config) { c.BatchTimeout = 400 * time.Millisecond; c.InfraRetries = -1 })
+	// Published by a replica of the default timeout: under load a publish can outlast 400 ms.
+	p := e.scanner("p", nil)
 	bg := context.Background()
-	res, _ := s.RunRound(bg, repo)
-	if err := s.publish.runOnce(bg); err != nil {
+	res, _ := p.RunRound(bg, repo)
+	if err := p.publish.runOnce(bg); err != nil {
 		t.Fatal(err)
+	}
+	if pb, _ := e.st.BatchGet(bg, res.BatchID); pb.MRIID == nil {
+		t.Fatal("not published")
 	}
 	fid := e.sim.InjectFault(gitlabsim.Fault{Method: "PUT", Route: "/projects/:id/merge_requests/:iid", AfterWork: true, Drop: true, Count: 1})
 	time.Sleep(500 * time.Millisecond)
