@@ -70,25 +70,34 @@ func seedHistory(b *testing.B, st *store.Store) {
 			benchMerged, benchMerged+benchRunning, benchBatches,
 			benchOps)
 		exec(`INSERT INTO merge_batch_member (batch_id, operation_id, created_at)
-			SELECT batch_id, operation_id, created_at FROM operation WHERE id BETWEEN ? AND ? AND batch_id IS NOT NULL`, lo, hi)
+			SELECT batch_id, operation_id, created_at FROM operation WHERE operation_id BETWEEN ? AND ? AND batch_id IS NOT NULL`, benchOpID(lo), benchOpID(hi))
 		exec(`INSERT INTO audit_event (dedupe_key, operation_id, batch_id, code, detail, actor, created_at)
 			SELECT CONCAT('op:', o.operation_id, ':', c.code), o.operation_id, IF(c.code = 'merged', o.batch_id, NULL), c.code,
 			  CONCAT(c.code, ' (seeded)'), c.actor, o.created_at + INTERVAL c.n SECOND
 			FROM operation o
 			JOIN (SELECT 1 AS n, 'created' AS code, 'alice' AS actor UNION ALL SELECT 2, 'approved', 'bob'
 			      UNION ALL SELECT 3, 'merged', '') c
-			WHERE o.id BETWEEN ? AND ?`, lo, hi)
+			WHERE o.operation_id BETWEEN ? AND ?`, benchOpID(lo), benchOpID(hi))
 	}
 	exec(`INSERT INTO merge_batch_request (operation_id, repo, created_at)
 		SELECT operation_id, repo, created_at FROM operation WHERE status = 'queued'`)
 	exec(`INSERT INTO merge_batch_request (operation_id, repo, batch_id, created_at)
 		SELECT operation_id, repo, batch_id, created_at FROM operation WHERE status = 'in_batch'`)
 	exec("ANALYZE TABLE operation, merge_batch, merge_batch_member, merge_batch_request, audit_event")
-	var n int
-	if err := db.GetContext(ctx, &n, "SELECT COUNT(*) FROM operation"); err != nil || n != benchOps {
-		b.Fatalf("seeded %d operations (%v)", n, err)
+	for q, want := range map[string]int{
+		"SELECT COUNT(*) FROM operation":          benchOps,
+		"SELECT COUNT(*) FROM merge_batch_member": benchMerged + benchRunning,
+		"SELECT COUNT(*) FROM audit_event":        3 * benchOps,
+	} {
+		var n int
+		if err := db.GetContext(ctx, &n, q); err != nil || n != want {
+			b.Fatalf("%s: %d, want %d (%v)", q, n, want, err)
+		}
 	}
 }
+
+// benchOpID is the operation_id seedHistory gives operation n (ordered as n).
+func benchOpID(n int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", n) }
 
 // BenchmarkPages renders each status page against a database of 100,000 operations
 // (seedHistory), through the handler with a logged-in session, and reports ms per page.
@@ -109,15 +118,23 @@ func BenchmarkPages(b *testing.B) {
 	}
 	cookie := benchLogin(b, h)
 	mid := benchBatches / 2
-	pages := []struct{ name, path string }{
-		{"repos", "/ui"},
-		{"batches", "/ui/batches"},
-		{"batches_repo_deep", fmt.Sprintf("/ui/batches?repo=%s&before=%d", url.QueryEscape(benchRepoB), mid)},
-		{"batch_5_members", fmt.Sprintf("/ui/batches/%d", mid)},
-		{"batch_500_members", fmt.Sprintf("/ui/batches/%d", benchBatches+1)},
-		{"operation", "/ui/operations/00000000-0000-4000-8000-000000050000"},
+	pages := []struct{ name, path, want string }{
+		{"repos", "/ui", "#19402"},
+		{"batches", "/ui/batches", "#19353"},
+		{"batches_repo_deep", fmt.Sprintf("/ui/batches?repo=%s&before=%d", url.QueryEscape(benchRepoB), mid), "#9601"},
+		{"batch_5_members", fmt.Sprintf("/ui/batches/%d", mid), "Members (5)"},
+		{"batch_500_members", fmt.Sprintf("/ui/batches/%d", benchBatches+1), "Members (500)"},
+		{"operation", "/ui/operations/00000000-0000-4000-8000-000000050000", "approved"},
 	}
 	for _, p := range pages {
+		// The page shows what it is measured for (not an error page or an empty list).
+		req := httptest.NewRequest("GET", p.path, nil)
+		req.AddCookie(cookie)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != 200 || !strings.Contains(rec.Body.String(), p.want) {
+			b.Fatalf("GET %s = %d without %q", p.path, rec.Code, p.want)
+		}
 		b.Run(p.name, func(b *testing.B) {
 			for b.Loop() {
 				req := httptest.NewRequest("GET", p.path, nil)

@@ -3,6 +3,7 @@ package ui
 import (
 	"context"
 	"encoding/base64"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -21,7 +22,8 @@ import (
 
 const hostile = `<script>alert("x")</script>'"&`
 
-type fakeStore struct{}
+// fakeStore answers fixed hostile rows; members is a batch's member count (0: one).
+type fakeStore struct{ members int }
 
 func hostileOp(id string) domain.Operation {
 	b := int64(7)
@@ -64,8 +66,12 @@ func (fakeStore) BatchList(ctx context.Context, f store.BatchFilter) ([]domain.B
 	return []domain.Batch{hostileBatch(7)}, nil
 }
 
-func (fakeStore) BatchMembers(ctx context.Context, id int64) ([]domain.Operation, error) {
-	return []domain.Operation{hostileOp("op-1")}, nil
+func (f fakeStore) BatchMembers(ctx context.Context, id int64) ([]domain.Operation, error) {
+	out := []domain.Operation{hostileOp("op-1")}
+	for i := 1; i < f.members; i++ {
+		out = append(out, hostileOp(fmt.Sprintf("op-%d", i+1)))
+	}
+	return out, nil
 }
 
 func (fakeStore) OperationGetView(ctx context.Context, id string) (store.OperationView, error) {
@@ -452,4 +458,20 @@ func between(s, a, b string) string {
 	}
 	v, _, _ := strings.Cut(rest, b)
 	return v
+}
+
+// A batch page shows at most maxMembersShown members and says how many there are.
+func TestBatchPageShowsTheFirstMembers(t *testing.T) {
+	for _, n := range []int{maxMembersShown, maxMembersShown + 1, 5000} {
+		h, err := New(Config{InsecureNoAuth: true, Repos: []string{"platform/access"}}, fakeStore{members: n}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := readBody(t, newClient(t, h).do("GET", "/ui/batches/7", nil, nil))
+		rows := strings.Count(body, `<td class="subject">`)
+		if rows != min(n, maxMembersShown) || !strings.Contains(body, fmt.Sprintf("Members (%d)", n)) ||
+			strings.Contains(body, `id="members-cut"`) != (n > maxMembersShown) {
+			t.Errorf("%d members: %d rows shown", n, rows)
+		}
+	}
 }
