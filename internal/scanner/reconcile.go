@@ -65,6 +65,10 @@ func (l *reconcileLoop) runOnce(ctx context.Context) error {
 }
 
 // reconcile applies what the MR says to the reserved batch b.
+// reconcile applies what the MR says to the reserved batch b, step by step: a merged or
+// closed MR settles the batch (settleByState); GitLab's own state of an open MR
+// (gitlabState); a reason the MR cannot merge isolates or blocks (onBlocked); a batch
+// whose reason went away is unblocked; then the merge is armed or made (advanceMerge).
 func (l *reconcileLoop) reconcile(ctx context.Context, b domain.Batch, log *slog.Logger) error {
 	m, err := l.s.gl.GetMR(ctx, b.Repo, *b.MRIID)
 	if mr.AccessOf(err) == mr.AccessNotFound {
@@ -80,62 +84,19 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b domain.Batch, log *slog
 	if err != nil {
 		return err
 	}
-	switch m.State {
-	case mr.StateMerged:
-		l.noteFlake(ctx, b, m, log)
-		_, err := l.s.settleSucceeded(ctx, b, log)
+	if done, err := l.settleByState(ctx, b, m, log); err != nil || done {
 		return err
-	case mr.StateClosed:
-		f := failure{domain.ClassClosedByUser, fmt.Sprintf("merge request !%d was closed without merging, not by batcherd", m.IID)}
-		if b.FailClass != "" {
-			// batcherd recorded a failure class before closing it: a settle that did not
-			// finish. Resume it with that class.
-			f = failure{b.FailClass, fmt.Sprintf("merge request !%d closed by batcherd settling the batch as %s (settlement resumed)", m.IID, b.FailClass)}
-		}
-		_, err := l.s.settleFailure(ctx, b, f, log)
-		return err
-	case mr.StateOpened:
-	default:
-		return nil // locked: GitLab is merging it; look again next interval
 	}
-
 	b, done, err := l.gitlabState(ctx, b, m, log)
 	if err != nil || done {
 		return err
 	}
 	if code, msg := blockReason(b, m); code != "" {
-		if code == domain.BlockPipelineFailed && m.FailureReasonErr != nil {
-			// Why the pipeline failed decides what isolation does (retry the group for
-			// an infrastructure failure, bisect for a test failure). A reason GitLab did
-			// not give us is not "unknown": read as unknown, a runner failure was
-			// retried, then bisected, and could end with a member named the culprit.
-			// Look again next interval; the batch timeout bounds the wait.
-			return fmt.Errorf("reading why pipeline %d failed: %w", m.PipelineID, m.FailureReasonErr)
-		}
-		if l.cfg.onFailure == FailureIsolate {
-			if class := failureClass(code, m); class != "" {
-				if retried, err := l.flakeRetry(ctx, b, m, class, log); err != nil || retried {
-					return err
-				}
-				// Isolate at once: close the MR and retry, bisect or quarantine.
-				_, err := l.s.settleFailure(ctx, b, failure{class, msg}, log)
-				return err
-			}
-		}
-		if b.Status == domain.BatchBlocked {
-			return nil // still blocked; the timeout sweep bounds how long
-		}
-		nb, err := l.s.st.BatchBlock(ctx, b.ID, b.Version, code, msg)
-		if err != nil {
-			return err
-		}
-		l.s.m.outcomes.WithLabelValues("reconcile", "blocked").Inc()
-		log.Warn("batch blocked", "code", code, "message", msg, "version", nb.Version)
-		return nil
+		return l.onBlocked(ctx, b, m, code, msg, log)
 	}
 	if b.Status == domain.BatchBlocked {
 		// The reason went away (pipeline retried, conflict resolved): back to RUNNING,
-		// and fall through to re-arm the merge.
+		// and go on to re-arm the merge.
 		nb, err := l.s.st.BatchUnblock(ctx, b.ID, b.Version)
 		if err != nil {
 			return err
@@ -144,7 +105,70 @@ func (l *reconcileLoop) reconcile(ctx context.Context, b domain.Batch, log *slog
 		log.Info("batch unblocked", "pipeline", m.PipelineStatus)
 		b = nb
 	}
+	return l.advanceMerge(ctx, b, m, log)
+}
 
+// settleByState settles the batch of a merged or closed MR; done is false for an open
+// one (and for a locked one, which GitLab is merging: look again next interval, done).
+func (l *reconcileLoop) settleByState(ctx context.Context, b domain.Batch, m mr.MergeRequest, log *slog.Logger) (bool, error) {
+	switch m.State {
+	case mr.StateMerged:
+		l.noteFlake(ctx, b, m, log)
+		_, err := l.s.settleSucceeded(ctx, b, log)
+		return true, err
+	case mr.StateClosed:
+		f := failure{domain.ClassClosedByUser, fmt.Sprintf("merge request !%d was closed without merging, not by batcherd", m.IID)}
+		if b.FailClass != "" {
+			// batcherd recorded a failure class before closing it: a settle that did not
+			// finish. Resume it with that class.
+			f = failure{b.FailClass, fmt.Sprintf("merge request !%d closed by batcherd settling the batch as %s (settlement resumed)", m.IID, b.FailClass)}
+		}
+		_, err := l.s.settleFailure(ctx, b, f, log)
+		return true, err
+	case mr.StateOpened:
+		return false, nil
+	}
+	return true, nil // locked: GitLab is merging it; look again next interval
+}
+
+// onBlocked acts on an open MR that cannot merge for the reason code: in isolate mode
+// a reason with a failure class settles the batch failed through the policy (after a
+// flaky pipeline's retry); anything else keeps or makes the batch BLOCKED.
+func (l *reconcileLoop) onBlocked(ctx context.Context, b domain.Batch, m mr.MergeRequest, code, msg string, log *slog.Logger) error {
+	if code == domain.BlockPipelineFailed && m.FailureReasonErr != nil {
+		// Why the pipeline failed decides what isolation does (retry the group for
+		// an infrastructure failure, bisect for a test failure). A reason GitLab did
+		// not give us is not "unknown": read as unknown, a runner failure was
+		// retried, then bisected, and could end with a member named the culprit.
+		// Look again next interval; the batch timeout bounds the wait.
+		return fmt.Errorf("reading why pipeline %d failed: %w", m.PipelineID, m.FailureReasonErr)
+	}
+	if l.cfg.onFailure == FailureIsolate {
+		if class := failureClass(code, m); class != "" {
+			if retried, err := l.flakeRetry(ctx, b, m, class, log); err != nil || retried {
+				return err
+			}
+			// Isolate at once: close the MR and retry, bisect or quarantine.
+			_, err := l.s.settleFailure(ctx, b, failure{class, msg}, log)
+			return err
+		}
+	}
+	if b.Status == domain.BatchBlocked {
+		return nil // still blocked; the timeout sweep bounds how long
+	}
+	nb, err := l.s.st.BatchBlock(ctx, b.ID, b.Version, code, msg)
+	if err != nil {
+		return err
+	}
+	l.s.m.outcomes.WithLabelValues("reconcile", "blocked").Inc()
+	log.Warn("batch blocked", "code", code, "message", msg, "version", nb.Version)
+	return nil
+}
+
+// advanceMerge arms auto-merge or merges, as the merge mode says, and settles the batch
+// when the merge is done.
+func (l *reconcileLoop) advanceMerge(ctx context.Context, b domain.Batch, m mr.MergeRequest, log *slog.Logger) error {
+	var err error
 	// Every merge call carries the sha batcherd committed and recorded, never the head
 	// GitLab reports: a branch moved by someone else must not merge under our batch.
 	sha := b.MRSHA

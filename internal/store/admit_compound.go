@@ -131,56 +131,8 @@ func (s *Store) groupCompound(ctx context.Context, a *admitter, work []*admitReq
 		conn.Close()
 	}()
 
-	if acc, ok := optimisticCandidates(work); ok {
-		if a.optimisticSkip.Load() > 0 {
-			a.optimisticSkip.Add(-1)
-		} else {
-			a.stats.optimistic.Add(1)
-			stmts, _ := buildAdmitWrites(time.Time{}, acc, s.EventReceivers())
-			var pre strings.Builder
-			var preArgs []any
-			pre.WriteString("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;\n")
-			// The same test as decideAdmission's, on the database clock.
-			n := 0
-			for _, x := range acc {
-				if x.r.p.ExpiresAt == nil {
-					continue
-				}
-				if n == 0 {
-					pre.WriteString("IF ")
-				} else {
-					pre.WriteString(" OR ")
-				}
-				pre.WriteString("? <= CURRENT_TIMESTAMP(6)")
-				preArgs = append(preArgs, x.r.p.ExpiresAt.UTC().Truncate(time.Microsecond))
-				n++
-			}
-			if n > 0 {
-				pre.WriteString(" THEN " + expiredSignal + "; END IF;\n")
-			}
-			open = true
-			rows, res, err := writeCompound(ctx, conn, pre.String(), preArgs, stmts, acc)
-			switch res {
-			case compoundCommitted:
-				open = false
-				answerNew(acc, rows)
-				return
-			case compoundUnknownOutcome:
-				open = false
-				discardConn(conn)
-				commitUnknown(acc, err)
-				return
-			}
-			// Refused: a stored key, an existing binding, a past expiry, a concurrent
-			// replica. Nothing stays; decide on a read.
-			a.stats.optimisticMisses.Add(1)
-			a.optimisticSkip.Store(optimisticBackoff)
-			if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
-				a.fallback(work, true)
-				return
-			}
-			open = false
-		}
+	if s.tryOptimistic(ctx, a, conn, work, &open) {
+		return
 	}
 
 	// 1. Isolation, begin and the read.
@@ -221,6 +173,75 @@ func (s *Store) groupCompound(ctx context.Context, a *admitter, work []*admitReq
 		// the group stays (the deferred ROLLBACK), each caller runs its own transaction.
 		a.fallback(acceptedReqs(acc), true)
 	}
+}
+
+// tryOptimistic is the one-round-trip attempt of a group that needs no read to be
+// decided (optimisticCandidates): its writes, guarded by the expiry test on the
+// database clock, in one compound statement. It reports whether the group has been
+// answered; false leaves conn with no transaction open (*open false), for the read
+// path. After a refusal the next optimisticBackoff groups skip the attempt.
+func (s *Store) tryOptimistic(ctx context.Context, a *admitter, conn *sqlx.Conn, work []*admitReq, open *bool) bool {
+	acc, ok := optimisticCandidates(work)
+	if !ok {
+		return false
+	}
+	if a.optimisticSkip.Load() > 0 {
+		a.optimisticSkip.Add(-1)
+		return false
+	}
+	a.stats.optimistic.Add(1)
+	stmts, _ := buildAdmitWrites(time.Time{}, acc, s.EventReceivers())
+	pre, preArgs := optimisticPrelude(acc)
+	*open = true
+	rows, res, err := writeCompound(ctx, conn, pre, preArgs, stmts, acc)
+	switch res {
+	case compoundCommitted:
+		*open = false
+		answerNew(acc, rows)
+		return true
+	case compoundUnknownOutcome:
+		*open = false
+		discardConn(conn)
+		commitUnknown(acc, err)
+		return true
+	}
+	// Refused: a stored key, an existing binding, a past expiry, a concurrent replica.
+	// Nothing stays; decide on a read.
+	a.stats.optimisticMisses.Add(1)
+	a.optimisticSkip.Store(optimisticBackoff)
+	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+		a.fallback(work, true)
+		return true
+	}
+	*open = false
+	return false
+}
+
+// optimisticPrelude begins the optimistic transaction and refuses it (expiredSignal)
+// when any grant's expiry is not in the future: the same test as decideAdmission's,
+// on the database clock.
+func optimisticPrelude(acc []accepted) (string, []any) {
+	var pre strings.Builder
+	var args []any
+	pre.WriteString("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;\n")
+	n := 0
+	for _, x := range acc {
+		if x.r.p.ExpiresAt == nil {
+			continue
+		}
+		if n == 0 {
+			pre.WriteString("IF ")
+		} else {
+			pre.WriteString(" OR ")
+		}
+		pre.WriteString("? <= CURRENT_TIMESTAMP(6)")
+		args = append(args, x.r.p.ExpiresAt.UTC().Truncate(time.Microsecond))
+		n++
+	}
+	if n > 0 {
+		pre.WriteString(" THEN " + expiredSignal + "; END IF;\n")
+	}
+	return pre.String(), args
 }
 
 // optimisticCandidates returns the group as accepted grants when every request is a

@@ -378,19 +378,12 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 	// does not need a snapshot here: the slot keeps other claimants out, and the guarded
 	// UPDATE's affected-row check catches any row claimed elsewhere (I2).
 	err = s.withTx(ctx, sql.LevelReadCommitted, func(tx *sqlx.Tx) error {
-		// A paused repository is not claimed. The control row is read first, inside
-		// the claim, with a shared lock: a pause (an UPDATE of that row) then waits for
-		// a claim that already read it, and a claim that starts after the pause
-		// committed sees it — so once a pause has been answered, no claim that did not
-		// already exist can make a batch. Claims share the lock with each other, and
-		// admission never touches the row (I3). No row: never paused.
-		var paused []bool
-		if err := tx.SelectContext(ctx, &paused, qClaimPaused, repo); err != nil {
+		if paused, err := claimPaused(ctx, tx, repo); err != nil || paused {
+			if paused {
+				res.Outcome = ClaimPaused
+				return errRollback
+			}
 			return err
-		}
-		if len(paused) > 0 && paused[0] {
-			res.Outcome = ClaimPaused
-			return errRollback
 		}
 		batchID, err := takeSlot(ctx, tx, repo, noWait)
 		if err != nil {
@@ -409,38 +402,13 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 			res.Outcome = outcome
 			return errRollback
 		}
-		reqIDs := make([]int64, len(rows))
-		opIDs := make([]string, len(rows))
-		why := make(map[string]string, len(rows))
-		for i, w := range rows {
-			reqIDs[i], opIDs[i] = w.ID, w.OperationID
-			why[w.OperationID] = w.why()
-		}
-		if s.Hooks != nil && s.Hooks.ClaimAfterRead != nil {
-			s.Hooks.ClaimAfterRead(ctx, batchID, slices.Clone(reqIDs))
-		}
-		// I2 and the all-or-nothing rule: any shortfall means another transaction got
-		// some of the rows between our read and these writes, so nothing is kept.
-		claimed, err := claimRequests(ctx, tx, batchID, reqIDs)
+		opIDs, outcome, err := s.claimRows(ctx, tx, batchID, rows)
 		if err != nil {
 			return err
 		}
-		if claimed != int64(len(rows)) {
-			res.Outcome = ClaimPreempted
+		if outcome != "" {
+			res.Outcome = outcome
 			return errRollback
-		}
-		sortedOps := slices.Clone(opIDs)
-		slices.Sort(sortedOps)
-		moved, err := claimOperations(ctx, tx, batchID, sortedOps)
-		if err != nil {
-			return err
-		}
-		if moved != int64(len(rows)) {
-			res.Outcome = ClaimPreempted
-			return errRollback
-		}
-		if err := insertMembers(ctx, tx, batchID, sortedOps, why); err != nil {
-			return err
 		}
 		kind, err := finishClaimedBatch(ctx, tx, batchID, repo, grp, rows, inst)
 		if err != nil {
@@ -460,6 +428,55 @@ func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool
 		return nil
 	})
 	return claimAnswer(res, err, slotTaken)
+}
+
+// claimPaused reads whether repo is paused. The control row is read first, inside the
+// claim, with a shared lock: a pause (an UPDATE of that row) then waits for a claim
+// that already read it, and a claim that starts after the pause committed sees it — so
+// once a pause has been answered, no claim that did not already exist can make a
+// batch. Claims share the lock with each other, and admission never touches the row
+// (I3). No row: never paused.
+func claimPaused(ctx context.Context, tx *sqlx.Tx, repo string) (bool, error) {
+	var paused []bool
+	if err := tx.SelectContext(ctx, &paused, qClaimPaused, repo); err != nil {
+		return false, err
+	}
+	return len(paused) > 0 && paused[0], nil
+}
+
+// claimRows claims the waiting rows read into batch batchID: the guarded claim of the
+// rows (I2), their operations queued → in_batch, and the member history. It returns
+// the members' operation ids in queue order, or the outcome preempted when any row or
+// operation was taken elsewhere between the read and these writes (all or nothing: the
+// caller rolls back).
+func (s *Store) claimRows(ctx context.Context, tx *sqlx.Tx, batchID int64, rows []waitingRow) ([]string, ClaimOutcome, error) {
+	reqIDs := make([]int64, len(rows))
+	opIDs := make([]string, len(rows))
+	why := make(map[string]string, len(rows))
+	for i, w := range rows {
+		reqIDs[i], opIDs[i] = w.ID, w.OperationID
+		why[w.OperationID] = w.why()
+	}
+	if s.Hooks != nil && s.Hooks.ClaimAfterRead != nil {
+		s.Hooks.ClaimAfterRead(ctx, batchID, slices.Clone(reqIDs))
+	}
+	claimed, err := claimRequests(ctx, tx, batchID, reqIDs)
+	if err != nil {
+		return nil, "", err
+	}
+	if claimed != int64(len(rows)) {
+		return nil, ClaimPreempted, nil
+	}
+	sortedOps := slices.Clone(opIDs)
+	slices.Sort(sortedOps)
+	moved, err := claimOperations(ctx, tx, batchID, sortedOps)
+	if err != nil {
+		return nil, "", err
+	}
+	if moved != int64(len(rows)) {
+		return nil, ClaimPreempted, nil
+	}
+	return opIDs, "", insertMembers(ctx, tx, batchID, sortedOps, why)
 }
 
 // claimAnswer turns the end of a claim transaction into the caller's answer. None of

@@ -167,21 +167,9 @@ func (a *auditor) batches(ctx context.Context, q *querier) error {
 		// A SUCCEEDED batch without an MR is one whose changes the repository already
 		// had (store.EventBatchUnchanged says so, written with the settle); any other is
 		// a batch marked merged that no MR merged.
-		unchanged := map[int64]bool{}
-		var noMR []int64
-		for _, b := range rows {
-			if b.Status == domain.BatchSucceeded && !b.MRIID.Valid {
-				noMR = append(noMR, b.ID)
-			}
-		}
-		if len(noMR) > 0 {
-			var ids []int64
-			if err := q.sel(ctx, &ids, "SELECT DISTINCT batch_id FROM audit_event WHERE batch_id IN (?) AND code = ?", noMR, eventBatchUnchanged); err != nil {
-				return fmt.Errorf("read batch events: %w", err)
-			}
-			for _, id := range ids {
-				unchanged[id] = true
-			}
+		unchanged, err := unchangedBatches(ctx, q, rows)
+		if err != nil {
+			return err
 		}
 		for _, b := range rows {
 			id := fmt.Sprint(b.ID)
@@ -220,6 +208,29 @@ func (a *auditor) batches(ctx context.Context, q *querier) error {
 		}
 	}
 	return nil
+}
+
+// unchangedBatches returns which SUCCEEDED batches without an MR of rows carry the
+// event saying the repository already had their changes (store.EventBatchUnchanged,
+// written with the settle).
+func unchangedBatches(ctx context.Context, q *querier, rows []batchRow) (map[int64]bool, error) {
+	unchanged := map[int64]bool{}
+	var noMR []int64
+	for _, b := range rows {
+		if b.Status == domain.BatchSucceeded && !b.MRIID.Valid {
+			noMR = append(noMR, b.ID)
+		}
+	}
+	if len(noMR) > 0 {
+		var ids []int64
+		if err := q.sel(ctx, &ids, "SELECT DISTINCT batch_id FROM audit_event WHERE batch_id IN (?) AND code = ?", noMR, eventBatchUnchanged); err != nil {
+			return nil, fmt.Errorf("read batch events: %w", err)
+		}
+		for _, id := range ids {
+			unchanged[id] = true
+		}
+	}
+	return unchanged, nil
 }
 
 type opRow struct {
@@ -324,6 +335,13 @@ func (a *auditor) checkOp(o opRow, members []memberRow, wait map[string]waitRow)
 			a.add("I2", "merge_batch_request", fmt.Sprintf("waiting row claimed by batch %d, but the member history has no such row", w.BatchID.Int64), id)
 		}
 	}
+	a.checkOpStatus(o, inMembers, hasWait, w)
+}
+
+// checkOpStatus checks what an operation's status says against its waiting row and
+// its batch's member history (inMembers).
+func (a *auditor) checkOpStatus(o opRow, inMembers func(int64) (memberRow, bool), hasWait bool, w waitRow) {
+	id := o.OperationID
 	waiting := hasWait && !w.BatchID.Valid
 	switch o.Status {
 	case domain.OpPendingApproval, domain.OpRejected, domain.OpWithdrawn:
