@@ -64,6 +64,8 @@ func badRequest(format string, args ...any) *apiError {
 
 // toAPIError maps store and handler errors to the documented answers. Anything not
 // recognised is a 500 whose details stay in the log.
+// Its complexity is the table of answers, one case each, kept in one place so a
+// reader can check it against api/openapi.yaml.
 func (s *Server) toAPIError(err error) *apiError {
 	var ae *apiError
 	if errors.As(err, &ae) {

@@ -413,6 +413,8 @@ func txDone(ctx context.Context, err error) error {
 
 // translate maps driver errors to domain errors, keeping the original wrapped for logs.
 // It is idempotent: translating an already translated error changes nothing.
+// Its complexity is the table of server error numbers, kept in one place on purpose:
+// it is the only place driver errors are read.
 func translate(err error) error {
 	if err == nil {
 		return nil

@@ -340,6 +340,8 @@ func (a *auditor) checkOp(o opRow, members []memberRow, wait map[string]waitRow)
 
 // checkOpStatus checks what an operation's status says against its waiting row and
 // its batch's member history (inMembers).
+// Its complexity is one case per operation status, each a flat list of checks: split
+// further, the checks of one status would no longer read together.
 func (a *auditor) checkOpStatus(o opRow, inMembers func(int64) (memberRow, bool), hasWait bool, w waitRow) {
 	id := o.OperationID
 	waiting := hasWait && !w.BatchID.Valid
