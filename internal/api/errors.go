@@ -96,6 +96,11 @@ func (s *Server) toAPIError(err error) *apiError {
 		return wrap(http.StatusBadRequest, codeInvalidRequest, "expires_at must be in the future")
 	case errors.Is(err, store.ErrInvalidRequest):
 		return wrap(http.StatusBadRequest, codeInvalidRequest, err.Error())
+	case errors.Is(err, store.ErrTxAborted):
+		a := wrap(http.StatusServiceUnavailable, codeUnavailable,
+			"the database aborted the transaction (a deadlock, or a cluster changing its members); nothing was changed; retry")
+		a.header = [2]string{"Retry-After", "1"}
+		return a
 	case errors.Is(err, store.ErrLostRace):
 		return wrap(http.StatusConflict, codeConflict, "a concurrent request changed this resource; read it again")
 	case errors.Is(err, store.ErrCommitUnknown):

@@ -196,7 +196,7 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request, fn func(context.
 	}
 	op, err := fn(r.Context(), id)
 	if err != nil {
-		if errors.Is(err, store.ErrLostRace) {
+		if errors.Is(err, store.ErrLostRace) && !errors.Is(err, store.ErrTxAborted) {
 			return errf(http.StatusConflict, codeStale, "the operation or its binding changed concurrently; read it again")
 		}
 		return notFoundAs(err, "operation %q not found", id)

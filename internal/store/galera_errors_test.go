@@ -22,9 +22,9 @@ func TestTranslateClusterAnswers(t *testing.T) {
 		is    []error
 		isNot []error
 	}{
-		{"certification failure at a statement", translate(myErr(1213)), []error{ErrLostRace, errTxAborted}, []error{ErrNotPrimary, ErrCommitUnknown}},
-		{"a lock wait timeout is no abort", translate(myErr(1205)), []error{ErrLostRace}, []error{errTxAborted}},
-		{"a guard that lost is no abort", translate(ErrLostRace), []error{ErrLostRace}, []error{errTxAborted}},
+		{"certification failure at a statement", translate(myErr(1213)), []error{ErrLostRace, ErrTxAborted}, []error{ErrNotPrimary, ErrCommitUnknown}},
+		{"a lock wait timeout is no abort", translate(myErr(1205)), []error{ErrLostRace}, []error{ErrTxAborted}},
+		{"a guard that lost is no abort", translate(ErrLostRace), []error{ErrLostRace}, []error{ErrTxAborted}},
 		{"certification failure at COMMIT", commitError(ctx, myErr(1213)), []error{ErrLostRace}, []error{ErrCommitUnknown}},
 		{"node not in the primary component", translate(myErr(1047)), []error{ErrNotPrimary}, []error{ErrLostRace, ErrUnavailable}},
 		{"a read-only server (a fenced former primary)", translate(myErr(1290)), []error{ErrNotPrimary}, []error{ErrLostRace}},
