@@ -103,7 +103,7 @@ func (d *DB) Raw(conns int) (*sql.DB, error) {
 // Reset empties every table of the database but goose's version table, so the next
 // measurement starts from the same empty tables as every other one. Without it each
 // throughput run would write into what all runs before it left behind: the admission
-// tables outgrow the server's buffer pool within a few runs (six rows per admission
+// tables outgrow the server's buffer pool within a few runs (four rows per admission
 // against one per raw INSERT), and the later runs would measure page eviction rather
 // than admission.
 func (d *DB) Reset(ctx context.Context) error {

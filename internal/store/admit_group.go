@@ -552,7 +552,7 @@ type admitStmt struct {
 }
 
 // buildAdmitWrites returns the group's writes, in the per-request lock order (keys,
-// operations, bindings, waiting rows, audit), and the index of the operation INSERT.
+// operations, bindings, waiting rows), and the index of the operation INSERT.
 // With a zero now the operations take created_at/updated_at from the column default
 // (the statement's CURRENT_TIMESTAMP(6)) and the caller reads them back.
 //
@@ -564,7 +564,8 @@ func buildAdmitWrites(now time.Time, acc []accepted, receivers int) (stmts []adm
 	stmts = append(stmts, operationWrite(now, acc))
 	stmts = append(stmts, bindingWrites(acc)...)
 	stmts = append(stmts, waitingWrites(acc)...)
-	stmts = append(stmts, auditWrite(acc))
+	// No audit rows: the created and auto-admitted events are derived from the
+	// operation row when its events are read (OperationEvents, derivedEvents).
 	return append(stmts, outboxStmt(queuedEvents(acc), receivers)...), opStmt
 }
 
@@ -730,26 +731,6 @@ func waitingWrites(acc []accepted) []admitStmt {
 	}
 	return []admitStmt{{`INSERT INTO merge_batch_request (operation_id, repo) VALUES ` +
 		values("(?, ?)", len(queued)) + ` ON DUPLICATE KEY UPDATE id = id`, args, int64(len(queued))}}
-}
-
-// auditWrite is step 5: audit events, created (and admitted) per operation with their
-// actors, one statement, in the order the per-request path writes them.
-func auditWrite(acc []accepted) admitStmt {
-	args := make([]any, 0, 10*len(acc))
-	n := 0
-	for _, x := range acc {
-		p := x.r.p
-		id := p.OperationID
-		args = append(args, "op:"+id+":"+EventCreated, id, EventCreated,
-			truncateUTF8(string(p.Action)+" "+p.Subject+" → "+p.Target, 2048), p.RequestedBy)
-		n++
-		if x.status == domain.OpQueued {
-			args = append(args, "op:"+id+":"+EventAdmitted, id, EventAdmitted, "auto-approved", AutoApprover)
-			n++
-		}
-	}
-	return admitStmt{`INSERT INTO audit_event (dedupe_key, operation_id, code, detail, actor) VALUES ` +
-		values("(?, ?, ?, ?, ?)", n) + ` ON DUPLICATE KEY UPDATE id = id`, args, -1}
 }
 
 // autoincStepOf returns how the ids of a multi-row INSERT follow each other on this

@@ -241,11 +241,11 @@ func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) 
 		if err := applyToBindingTx(ctx, tx, p, repo, b, found); err != nil {
 			return err
 		}
-		if err := recordEventBy(ctx, tx, p.OperationID, EventCreated, 0, string(p.Action)+" "+p.Subject+" → "+p.Target, p.RequestedBy); err != nil {
-			return err
-		}
+		// No created or admitted audit row: the operation row proves both, and
+		// OperationEvents derives them from it (derivedEvents).
 		if p.AutoApprove {
-			if err := admitTxBy(ctx, tx, p.OperationID, repo, prio, 0, "auto-approved", AutoApprover); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO merge_batch_request (operation_id, repo, lane) VALUES (?, ?, ?)`,
+				p.OperationID, repo, laneOf(prio)); err != nil {
 				return err
 			}
 		}
@@ -721,12 +721,13 @@ const maxEvents = 1000
 // keep their own order (by id).
 func (s *Store) OperationEvents(ctx context.Context, operationID string) ([]Event, error) {
 	var audit, claims []Event
+	var op []opOrigin
 	err := s.withTx(ctx, sql.LevelRepeatableRead, func(tx *sqlx.Tx) error {
-		var n int
-		if err := tx.GetContext(ctx, &n, `SELECT COUNT(*) FROM operation WHERE operation_id = ?`, operationID); err != nil {
+		if err := tx.SelectContext(ctx, &op, `SELECT action, subject, target, requested_by, approved_by, created_at
+			FROM operation WHERE operation_id = ?`, operationID); err != nil {
 			return err
 		}
-		if n == 0 {
+		if len(op) == 0 {
 			return ErrNotFound
 		}
 		if err := tx.SelectContext(ctx, &audit, `SELECT id, dedupe_key, operation_id, batch_id, code, detail, actor, created_at
@@ -742,7 +743,52 @@ func (s *Store) OperationEvents(ctx context.Context, operationID string) ([]Even
 	if err != nil {
 		return nil, err
 	}
-	return mergeEvents(audit, claims, maxEvents), nil
+	return mergeEvents(derivedEvents(operationID, op[0], audit), claims, maxEvents), nil
+}
+
+// opOrigin is what the operation row records of its creation.
+type opOrigin struct {
+	Action      domain.Action `db:"action"`
+	Subject     string        `db:"subject"`
+	Target      string        `db:"target"`
+	RequestedBy string        `db:"requested_by"`
+	ApprovedBy  string        `db:"approved_by"`
+	CreatedAt   time.Time     `db:"created_at"`
+}
+
+// derivedEvents puts the events the operation row proves before its audit rows: an
+// admission writes no audit row (issue 20: fewer rows per admission), since the row
+// itself records that it was created (by requested_by, at created_at) and, when
+// approved_by is AutoApprover, that it was admitted in the same transaction. Each
+// derived event has ID 0 and the dedupe key its audit row would have had; an audit row
+// with that key (written before this change, or by a path that records its own, such
+// as an expiry revoke) stands instead of the derived one.
+func derivedEvents(operationID string, o opOrigin, audit []Event) []Event {
+	have := make(map[string]bool, len(audit))
+	for _, a := range audit {
+		have[a.DedupeKey] = true
+	}
+	var out []Event
+	add := func(code, detail, actor string) {
+		key := "op:" + operationID + ":" + code
+		if have[key] {
+			return
+		}
+		id := operationID
+		out = append(out, Event{DedupeKey: key, OperationID: &id, Code: code, Detail: detail, Actor: actor, CreatedAt: o.CreatedAt})
+	}
+	// batcherd's own operations (expiry revokes record expiry_revoke; test fixtures
+	// inserted behind the API's back) were never created by an admission.
+	if o.RequestedBy != SystemActor {
+		add(EventCreated, truncateUTF8(string(o.Action)+" "+o.Subject+" → "+o.Target, 2048), o.RequestedBy)
+	}
+	if o.ApprovedBy == AutoApprover {
+		add(EventAdmitted, "auto-approved", AutoApprover)
+	}
+	if len(out) == 0 {
+		return audit
+	}
+	return append(out, audit...)
 }
 
 // mergeEvents interleaves claimed events (ordered by time) into audit events (ordered

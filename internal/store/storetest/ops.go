@@ -27,7 +27,9 @@ type Ops struct {
 	Prefix string
 }
 
-// InsertOps inserts o.N operations with their bindings (pending for a grant, revoking
+// InsertOps inserts o.N operations, requested by store.SystemActor (made behind the
+// API's back, as batcherd's own are: no created or admitted event is derived for them,
+// see store.OperationEvents), with their bindings (pending for a grant, revoking
 // for a revoke, owned by the operation) and, when o.Admit, their waiting rows, oldest
 // first in the returned order. Rows go in with multi-row INSERTs so large fixtures stay
 // cheap.
@@ -59,15 +61,15 @@ func InsertOps(t testing.TB, st *store.Store, o Ops) []string {
 		for _, id := range ids[lo:hi] {
 			subject := fmt.Sprintf("%s-%s", o.Prefix, id[:13])
 			target := "target-" + id[14:18]
-			ops = append(ops, "(?,?,?,?,?,?)")
-			opArgs = append(opArgs, id, subject, target, o.Repo, o.Action, o.Status)
+			ops = append(ops, "(?,?,?,?,?,?,?)")
+			opArgs = append(opArgs, id, subject, target, o.Repo, o.Action, o.Status, store.SystemActor)
 			binds = append(binds, "(?,?,?,?,?)")
 			bindArgs = append(bindArgs, subject, target, o.Repo, bstatus, id)
 			waits = append(waits, "(?,?)")
 			waitArgs = append(waitArgs, id, o.Repo)
 		}
 		db := st.DB()
-		if _, err := db.ExecContext(ctx, "INSERT INTO operation (operation_id, subject, target, repo, action, status) VALUES "+
+		if _, err := db.ExecContext(ctx, "INSERT INTO operation (operation_id, subject, target, repo, action, status, requested_by) VALUES "+
 			strings.Join(ops, ","), opArgs...); err != nil {
 			t.Fatalf("insert operations: %v", err)
 		}
