@@ -92,107 +92,130 @@ func (c *Cluster) Audit(ctx context.Context, client *Client, exp Expect) (AuditR
 	succeededIn := map[string][]int64{}
 	known := map[string]bool{} // repo + "\x00" + branch
 	for _, b := range batches {
-		rep.BatchesByStatus[b.Status]++
-		known[b.Repo+"\x00"+b.SourceBranch] = true
-		proj, ok := state.Projects[b.Repo]
-		if !ok {
-			rep.problem("batch %d: repository %q is not in the simulator", b.ID, b.Repo)
-			continue
-		}
-		mrs := proj.MergeRequests[b.SourceBranch]
-		if len(mrs) == 1 {
-			rep.OneMRPerBatch++
-		}
-		if len(mrs) > 1 {
-			rep.problem("batch %d: %d MRs for branch %s (one MR per batch)", b.ID, len(mrs), b.SourceBranch)
-		}
-		switch b.Status {
-		case "succeeded":
-			for _, id := range b.OperationIDs {
-				succeededIn[id] = append(succeededIn[id], b.ID)
-			}
-			if len(mrs) == 0 && b.MRIID == nil {
-				// Succeeded without an MR: the repository already had every change (a
-				// batch of revokes of files that were gone). Whether it really did is
-				// the repository-versus-bindings check below.
-			} else if len(mrs) != 1 || mrs[0].State != "merged" {
-				rep.problem("batch %d succeeded but its branch %s has %s", b.ID, b.SourceBranch, describeMRs(mrs))
-			} else if b.MRIID == nil || *b.MRIID != mrs[0].IID {
-				rep.problem("batch %d records MR iid %v, the branch's MR is !%d", b.ID, deref(b.MRIID), mrs[0].IID)
-			}
-		case "failed":
-			for _, m := range mrs {
-				if m.State == "merged" {
-					rep.problem("batch %d is failed but MR !%d of its branch merged (fencing)", b.ID, m.IID)
-				}
-			}
-		default: // running, blocked
-			if exp.Settled {
-				rep.problem("batch %d is still %s", b.ID, b.Status)
-			}
-		}
+		rep.auditBatch(b, state, exp, known, succeededIn)
 	}
-	for repo, proj := range state.Projects {
-		for branch, mrs := range proj.MergeRequests {
-			rep.MRs += len(mrs)
-			for _, m := range mrs {
-				rep.MRsByState[m.State]++
-			}
-			if strings.HasPrefix(branch, "batcherd/") && !known[repo+"\x00"+branch] {
-				rep.problem("%s: MR(s) %s for branch %s that no batch has", repo, describeMRs(mrs), branch)
-			}
-		}
-		for path := range proj.Files {
-			if strings.HasPrefix(path, "bindings/") {
-				rep.Files++
-			}
-		}
-	}
-
+	rep.auditRepositories(state, known)
 	ops, err := getOperations(ctx, client, exp.Merged)
 	if err != nil {
 		return rep, err
 	}
 	for _, id := range exp.Merged {
-		op := ops[id]
-		rep.Operations[op.Status]++
-		if op.Status != "merged" {
-			msg := ""
-			if op.Error != nil {
-				msg = " (" + op.Error.Code + ": " + op.Error.Message + ")"
+		rep.auditMergedOperation(id, ops[id], succeededIn[id], exp)
+	}
+	rep.auditBindingFiles(state, exp)
+	sort.Strings(rep.Problems)
+	return rep, nil
+}
+
+// auditBatch checks one batch against its branch's MRs: at most one MR, a succeeded
+// batch's MR merged (or none when the repository already had its changes), no merged
+// MR of a failed batch (fencing), nothing still active when exp.Settled. It records
+// the batch's branch in known and its operations in succeededIn.
+func (r *AuditReport) auditBatch(b Batch, state SimState, exp Expect, known map[string]bool, succeededIn map[string][]int64) {
+	r.BatchesByStatus[b.Status]++
+	known[b.Repo+"\x00"+b.SourceBranch] = true
+	proj, ok := state.Projects[b.Repo]
+	if !ok {
+		r.problem("batch %d: repository %q is not in the simulator", b.ID, b.Repo)
+		return
+	}
+	mrs := proj.MergeRequests[b.SourceBranch]
+	if len(mrs) == 1 {
+		r.OneMRPerBatch++
+	}
+	if len(mrs) > 1 {
+		r.problem("batch %d: %d MRs for branch %s (one MR per batch)", b.ID, len(mrs), b.SourceBranch)
+	}
+	switch b.Status {
+	case "succeeded":
+		for _, id := range b.OperationIDs {
+			succeededIn[id] = append(succeededIn[id], b.ID)
+		}
+		if len(mrs) == 0 && b.MRIID == nil {
+			// Succeeded without an MR: the repository already had every change (a
+			// batch of revokes of files that were gone). Whether it really did is
+			// the repository-versus-bindings check (auditBindingFiles).
+		} else if len(mrs) != 1 || mrs[0].State != "merged" {
+			r.problem("batch %d succeeded but its branch %s has %s", b.ID, b.SourceBranch, describeMRs(mrs))
+		} else if b.MRIID == nil || *b.MRIID != mrs[0].IID {
+			r.problem("batch %d records MR iid %v, the branch's MR is !%d", b.ID, deref(b.MRIID), mrs[0].IID)
+		}
+	case "failed":
+		for _, m := range mrs {
+			if m.State == "merged" {
+				r.problem("batch %d is failed but MR !%d of its branch merged (fencing)", b.ID, m.IID)
 			}
-			rep.problem("operation %s (%s %s→%s) is %s, not merged%s", id, op.Action, op.Subject, op.Target, op.Status, msg)
-			continue
 		}
-		if n := len(succeededIn[id]); n != 1 {
-			rep.problem("operation %s is merged but a member of %d succeeded batches %v", id, n, succeededIn[id])
-		}
-		// Principals: every merged operation says who applied and who approved it, and
-		// with four eyes (the harness's default) they differ unless it was auto-approved.
-		switch {
-		case op.RequestedBy == nil || op.ApprovedBy == nil:
-			rep.problem("operation %s is merged but does not name its requester (%s) and approver (%s)", id, strOrNull(op.RequestedBy), strOrNull(op.ApprovedBy))
-		case *op.ApprovedBy == *op.RequestedBy && !exp.SelfApprovalAllowed:
-			rep.problem("operation %s was approved by its requester %q (four eyes)", id, *op.RequestedBy)
+	default: // running, blocked
+		if exp.Settled {
+			r.problem("batch %d is still %s", b.ID, b.Status)
 		}
 	}
+}
 
+// auditRepositories counts MRs and binding files and reports every batcherd MR whose
+// branch no batch has (known holds the batches' repo + "\x00" + branch).
+func (r *AuditReport) auditRepositories(state SimState, known map[string]bool) {
+	for repo, proj := range state.Projects {
+		for branch, mrs := range proj.MergeRequests {
+			r.MRs += len(mrs)
+			for _, m := range mrs {
+				r.MRsByState[m.State]++
+			}
+			if strings.HasPrefix(branch, "batcherd/") && !known[repo+"\x00"+branch] {
+				r.problem("%s: MR(s) %s for branch %s that no batch has", repo, describeMRs(mrs), branch)
+			}
+		}
+		for path := range proj.Files {
+			if strings.HasPrefix(path, "bindings/") {
+				r.Files++
+			}
+		}
+	}
+}
+
+// auditMergedOperation checks one operation exp expects merged: it is merged, a member
+// of exactly one succeeded batch (succeededIn), and names its requester and approver.
+func (r *AuditReport) auditMergedOperation(id string, op Operation, succeededIn []int64, exp Expect) {
+	r.Operations[op.Status]++
+	if op.Status != "merged" {
+		msg := ""
+		if op.Error != nil {
+			msg = " (" + op.Error.Code + ": " + op.Error.Message + ")"
+		}
+		r.problem("operation %s (%s %s→%s) is %s, not merged%s", id, op.Action, op.Subject, op.Target, op.Status, msg)
+		return
+	}
+	if n := len(succeededIn); n != 1 {
+		r.problem("operation %s is merged but a member of %d succeeded batches %v", id, n, succeededIn)
+	}
+	// Principals: every merged operation says who applied and who approved it, and
+	// with four eyes (the harness's default) they differ unless it was auto-approved.
+	switch {
+	case op.RequestedBy == nil || op.ApprovedBy == nil:
+		r.problem("operation %s is merged but does not name its requester (%s) and approver (%s)", id, strOrNull(op.RequestedBy), strOrNull(op.ApprovedBy))
+	case *op.ApprovedBy == *op.RequestedBy && !exp.SelfApprovalAllowed:
+		r.problem("operation %s was approved by its requester %q (four eyes)", id, *op.RequestedBy)
+	}
+}
+
+// auditBindingFiles checks that exp.Present's binding files exist and name their
+// subject and target, and that exp.Absent's are gone.
+func (r *AuditReport) auditBindingFiles(state SimState, exp Expect) {
 	for _, k := range exp.Present {
 		content, ok := state.Projects[k.Repo].Files[BindingPath(k.Subject, k.Target)]
 		switch {
 		case !ok:
-			rep.problem("%s: binding file %s is missing", k.Repo, BindingPath(k.Subject, k.Target))
+			r.problem("%s: binding file %s is missing", k.Repo, BindingPath(k.Subject, k.Target))
 		case !strings.Contains(content, k.Subject) || !strings.Contains(content, k.Target):
-			rep.problem("%s: binding file %s does not name its subject and target", k.Repo, BindingPath(k.Subject, k.Target))
+			r.problem("%s: binding file %s does not name its subject and target", k.Repo, BindingPath(k.Subject, k.Target))
 		}
 	}
 	for _, k := range exp.Absent {
 		if _, ok := state.Projects[k.Repo].Files[BindingPath(k.Subject, k.Target)]; ok {
-			rep.problem("%s: binding file %s should have been deleted", k.Repo, BindingPath(k.Subject, k.Target))
+			r.problem("%s: binding file %s should have been deleted", k.Repo, BindingPath(k.Subject, k.Target))
 		}
 	}
-	sort.Strings(rep.Problems)
-	return rep, nil
 }
 
 // getOperations reads operations with a few concurrent requests.
