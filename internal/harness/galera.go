@@ -111,46 +111,19 @@ func StartGalera(ctx context.Context, o GaleraOptions) (g *Galera, err error) {
 	if o.User == "" {
 		o.User, o.Password = "batcherd", "batcherd"
 	}
-	if _, err := os.Stat(galeraProvider); err != nil {
-		return nil, fmt.Errorf("%s missing: install galera-4 ('make ha' does it)", galeraProvider)
-	}
-	bin, err := findProgram("mariadbd", "mysqld")
+	progs, err := findGaleraPrograms()
 	if err != nil {
 		return nil, err
 	}
-	install, err := findProgram("mariadb-install-db", "mysql_install_db")
+	osUser, uid, gid, err := galeraOSUser()
 	if err != nil {
 		return nil, err
-	}
-	hap, err := findProgram("haproxy")
-	if err != nil {
-		return nil, fmt.Errorf("haproxy: %w ('make ha' installs it)", err)
-	}
-	if _, err := exec.LookPath("rsync"); err != nil {
-		return nil, errors.New("rsync missing (the nodes join by rsync SST; 'make ha' installs it)")
-	}
-	// As root the nodes run as mysql: the joiner's rsync daemon, started by root, would
-	// drop to nobody and could not write the data directory.
-	osUser, uid, gid := "mysql", -1, -1
-	if os.Geteuid() != 0 {
-		u, err := user.Current()
-		if err != nil {
-			return nil, err
-		}
-		osUser = u.Username
-	} else {
-		u, err := user.Lookup("mysql")
-		if err != nil {
-			return nil, fmt.Errorf("user mysql (made by the mariadb-server package): %w", err)
-		}
-		uid, _ = strconv.Atoi(u.Uid)
-		gid, _ = strconv.Atoi(u.Gid)
 	}
 	dir, err := os.MkdirTemp(o.Parent, mariaDBDirPrefix+"galera-")
 	if err != nil {
 		return nil, err
 	}
-	g = &Galera{Dir: dir, User: o.User, Password: o.Password, keep: o.Keep, haproxyBin: hap, logf: o.Logf, osU: osUser, bin: bin,
+	g = &Galera{Dir: dir, User: o.User, Password: o.Password, keep: o.Keep, haproxyBin: progs.haproxy, logf: o.Logf, osU: osUser, bin: progs.mariadbd,
 		haproxyCfg: filepath.Join(dir, "haproxy.cfg"), haproxyLog: filepath.Join(dir, "haproxy.log")}
 	defer func() {
 		if err != nil {
@@ -164,14 +137,86 @@ func StartGalera(ctx context.Context, o GaleraOptions) (g *Galera, err error) {
 	if err := os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 		return g, err
 	}
+	if err := g.layOutNodes(o.Nodes, uid, gid); err != nil {
+		return g, err
+	}
+	for _, n := range g.Nodes {
+		if err := g.startCheck(n); err != nil {
+			return g, err
+		}
+	}
+	if err := g.bootstrap(ctx, progs.installDB, osUser); err != nil {
+		return g, err
+	}
+	for _, n := range g.Nodes[1:] {
+		if err := n.start(ctx, false); err != nil {
+			return g, err
+		}
+	}
+	if err := g.startHAProxy(ctx); err != nil {
+		return g, err
+	}
+	return g, nil
+}
+
+// galeraPrograms are the programs StartGalera runs.
+type galeraPrograms struct {
+	mariadbd, installDB, haproxy string
+}
+
+// findGaleraPrograms checks that the provider, the server, its install tool, HAProxy
+// and rsync (for SST) are installed, saying how to get what is missing.
+func findGaleraPrograms() (p galeraPrograms, err error) {
+	if _, err := os.Stat(galeraProvider); err != nil {
+		return p, fmt.Errorf("%s missing: install galera-4 ('make ha' does it)", galeraProvider)
+	}
+	if p.mariadbd, err = findProgram("mariadbd", "mysqld"); err != nil {
+		return p, err
+	}
+	if p.installDB, err = findProgram("mariadb-install-db", "mysql_install_db"); err != nil {
+		return p, err
+	}
+	if p.haproxy, err = findProgram("haproxy"); err != nil {
+		return p, fmt.Errorf("haproxy: %w ('make ha' installs it)", err)
+	}
+	if _, err := exec.LookPath("rsync"); err != nil {
+		return p, errors.New("rsync missing (the nodes join by rsync SST; 'make ha' installs it)")
+	}
+	return p, nil
+}
+
+// galeraOSUser is the OS user the nodes run as, with its uid and gid when the data
+// directories must be chowned to it (-1 otherwise). As root the nodes run as mysql:
+// the joiner's rsync daemon, started by root, would drop to nobody and could not
+// write the data directory.
+func galeraOSUser() (name string, uid, gid int, err error) {
+	if os.Geteuid() != 0 {
+		u, err := user.Current()
+		if err != nil {
+			return "", -1, -1, err
+		}
+		return u.Username, -1, -1, nil
+	}
+	u, err := user.Lookup("mysql")
+	if err != nil {
+		return "", -1, -1, fmt.Errorf("user mysql (made by the mariadb-server package): %w", err)
+	}
+	uid, _ = strconv.Atoi(u.Uid)
+	gid, _ = strconv.Atoi(u.Gid)
+	return "mysql", uid, gid, nil
+}
+
+// layOutNodes reserves the ports, makes the nodes' directories (owned by uid/gid when
+// uid >= 0), writes their configuration and opens their admin connections.
+func (g *Galera) layOutNodes(nodes, uid, gid int) error {
 	// Every port is asked of the kernel up front; a clash with another process (rare)
 	// fails the start, and the caller may try again.
-	ports := make([]int, 0, 5*o.Nodes+1)
+	ports := make([]int, 0, 5*nodes+1)
 	var lns []net.Listener
-	for range 5*o.Nodes + 1 {
+	for range 5*nodes + 1 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return g, err
+			return err
 		}
 		lns = append(lns, ln)
 		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
@@ -181,24 +226,24 @@ func StartGalera(ctx context.Context, o GaleraOptions) (g *Galera, err error) {
 	}
 	g.ProxyPort = ports[0]
 	var gcomm []string
-	for i := range o.Nodes {
+	for i := range nodes {
 		n := &GaleraNode{Name: fmt.Sprintf("n%d", i+1), g: g,
 			Port: ports[1+5*i], GcommPort: ports[2+5*i], ISTPort: ports[3+5*i], SSTPort: ports[4+5*i], CheckPort: ports[5+5*i]}
-		n.Dir = filepath.Join(dir, n.Name)
+		n.Dir = filepath.Join(g.Dir, n.Name)
 		n.DataDir = filepath.Join(n.Dir, "data")
 		n.Socket = filepath.Join(n.Dir, "mysqld.sock")
 		n.LogPath = filepath.Join(n.Dir, "error.log")
 		n.Cnf = filepath.Join(n.Dir, "my.cnf")
 		if len(n.Socket) > 100 {
-			return g, fmt.Errorf("socket path %s is too long for a unix socket", n.Socket)
+			return fmt.Errorf("socket path %s is too long for a unix socket", n.Socket)
 		}
 		if err := os.MkdirAll(n.DataDir, 0o750); err != nil {
-			return g, err
+			return err
 		}
 		if uid >= 0 {
 			for _, d := range []string{n.Dir, n.DataDir} {
 				if err := os.Chown(d, uid, gid); err != nil {
-					return g, err
+					return err
 				}
 			}
 		}
@@ -210,52 +255,45 @@ func StartGalera(ctx context.Context, o GaleraOptions) (g *Galera, err error) {
 		// settings from the file the server was started with, and without one they would
 		// read /etc/mysql (the machine's own server's data directory).
 		if err := os.WriteFile(n.Cnf, []byte(n.config(strings.Join(gcomm, ","))), 0o644); err != nil {
-			return g, err
+			return err
 		}
+		var err error
 		if n.admin, err = n.OpenAdmin(); err != nil {
-			return g, err
+			return err
 		}
 		n.admin.SetMaxOpenConns(2)
 		n.admin.SetConnMaxLifetime(30 * time.Second)
 	}
-	for _, n := range g.Nodes {
-		if err := g.startCheck(n); err != nil {
-			return g, err
-		}
-	}
+	return nil
+}
 
+// bootstrap initialises the first node's data directory, starts it as a new cluster
+// and creates batcherd's account and the harness's own (harness/harness over TCP).
+func (g *Galera) bootstrap(ctx context.Context, install, osUser string) error {
 	n1 := g.Nodes[0]
 	cmd := exec.CommandContext(ctx, install, "--defaults-file="+n1.Cnf, "--auth-root-authentication-method=normal",
 		"--skip-test-db", "--user="+osUser)
 	cmd.SysProcAttr = sysProcAttr()
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return g, fmt.Errorf("%s: %w\n%s", install, err, out)
+		return fmt.Errorf("%s: %w\n%s", install, err, out)
 	}
 	g.logfn("galera: %s data directory initialised", n1.Name)
 	if err := n1.start(ctx, true); err != nil {
-		return g, err
+		return err
 	}
 	for _, host := range []string{"127.0.0.1", "localhost"} {
 		for _, q := range []string{
-			fmt.Sprintf("CREATE USER IF NOT EXISTS '%s'@'%s' IDENTIFIED BY '%s'", o.User, host, o.Password),
-			fmt.Sprintf("GRANT ALL PRIVILEGES ON *.* TO '%s'@'%s'", o.User, host),
+			fmt.Sprintf("CREATE USER IF NOT EXISTS '%s'@'%s' IDENTIFIED BY '%s'", g.User, host, g.Password),
+			fmt.Sprintf("GRANT ALL PRIVILEGES ON *.* TO '%s'@'%s'", g.User, host),
 			fmt.Sprintf("CREATE USER IF NOT EXISTS 'harness'@'%s' IDENTIFIED BY 'harness'", host),
 			fmt.Sprintf("GRANT ALL PRIVILEGES ON *.* TO 'harness'@'%s' WITH GRANT OPTION", host),
 		} {
 			if _, err := n1.admin.ExecContext(ctx, q); err != nil {
-				return g, fmt.Errorf("galera %s: %s: %w", n1.Name, strings.SplitN(q, " IDENTIFIED", 2)[0], err)
+				return fmt.Errorf("galera %s: %s: %w", n1.Name, strings.SplitN(q, " IDENTIFIED", 2)[0], err)
 			}
 		}
 	}
-	for _, n := range g.Nodes[1:] {
-		if err := n.start(ctx, false); err != nil {
-			return g, err
-		}
-	}
-	if err := g.startHAProxy(ctx); err != nil {
-		return g, err
-	}
-	return g, nil
+	return nil
 }
 
 func (g *Galera) logfn(format string, args ...any) {
