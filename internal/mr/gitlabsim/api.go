@@ -146,6 +146,9 @@ func cleanPath(p string) (string, *apiError) {
 	return strings.TrimPrefix(p, "/"), nil
 }
 
+// One function on purpose: its checks and per-action cases follow the order in which
+// GitLab answers (validation, protection, start ref, then each action in turn), so the
+// first failing check decides the answer as it does on GitLab.
 func createCommit(s *Sim, q *req) (*reply, *apiError) {
 	if e := q.missing("branch", "commit_message", "actions"); e != nil {
 		return nil, e
@@ -270,6 +273,8 @@ type treeEntry struct {
 	id, name, typ, path, mode string
 }
 
+// One function on purpose: ref lookup, the directory walk (recursive or not) and both
+// paginations in GitLab's answer order; split, that order would be spread out.
 func listTree(s *Sim, q *req) (*reply, *apiError) {
 	ref, hasRef := q.str("ref")
 	if !hasRef || ref == "" {
@@ -384,6 +389,7 @@ func (q *req) findMR() (*mergeRequest, *apiError) {
 	return m, nil
 }
 
+// One function on purpose: a flat list of GitLab's filters, each a few lines.
 func listMRs(s *Sim, q *req) (*reply, *apiError) {
 	state, _ := q.str("state")
 	if state == "" {
@@ -528,6 +534,8 @@ var updateParams = []string{"assignee_id", "assignee_ids", "reviewer_ids", "desc
 	"remove_labels", "milestone_id", "milestone", "remove_source_branch", "allow_collaboration",
 	"allow_maintainer_to_push", "squash", "target_branch", "title", "state_event", "discussion_locked", "merge_after"}
 
+// One function on purpose: parameters, state event, each field, then the state change,
+// in GitLab's answer order, so the first failing check decides the answer as there.
 func updateMR(s *Sim, q *req) (*reply, *apiError) {
 	m, e := q.findMR()
 	if e != nil {
@@ -607,6 +615,9 @@ func updateMR(s *Sim, q *req) (*reply, *apiError) {
 // merge_when_pipeline_succeeds arms, and only while the head pipeline is active; a
 // call that can neither arm nor merge now is 405, an armable one on an MR that cannot
 // merge (conflict, rebase needed) 422, and the sha guard (409) comes after both.
+//
+// One function on purpose: its branches are GitLab's answer order above, by version;
+// split, that order would be spread over several functions.
 func mergeMR(s *Sim, q *req) (*reply, *apiError) {
 	m, e := q.findMR()
 	if e != nil {

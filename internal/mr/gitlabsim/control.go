@@ -35,6 +35,9 @@ import (
 //	GET    /-/sim/faults                                 faults and how often they applied
 //	POST   /-/sim/faults                                 Fault → {"id": n}
 //	DELETE /-/sim/faults                                 clear every fault
+//
+// One function on purpose: one case per control operation, each a few lines; a
+// table would only move the switch and the shared decode/done helpers.
 func (s *Sim) serveControl(w http.ResponseWriter, r *http.Request, escaped string) {
 	raw := strings.Split(strings.Trim(escaped, "/"), "/")
 	segs := make([]string, len(raw))

@@ -141,6 +141,9 @@ func rebaseMR(s *Sim, q *req) (*reply, *apiError) {
 // trailers) under a new sha; a conflict leaves the branch as it was and says so in
 // merge_error. A successful rebase is a push: a new pipeline, a new mergeability check,
 // and auto-merge aborted (the source branch changed).
+//
+// One function on purpose: the steps of one rebase (replay, conflict, push effects)
+// share its state and read in git's order.
 func (s *Sim) finishRebase(p *project, m *mergeRequest) {
 	r := m.rebase
 	m.rebase = nil
