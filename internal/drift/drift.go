@@ -199,40 +199,54 @@ func CheckMerged(ctx context.Context, gl GitLab, repo, ref string, members []Mem
 	}
 	var out []File
 	for _, m := range members {
-		p := domain.BindingPath(m.Subject, m.Target)
-		var content string
-		found := true
-		if blobs != nil {
-			id, ok := blobs[p]
-			found = ok
-			if ok && m.Grant && m.Content != "" && id == mr.GitBlobID(m.Content) {
-				continue // exactly what batcherd wrote
-			}
+		f, miss, err := checkMember(ctx, gl, repo, ref, blobs, m)
+		if err != nil {
+			return out, err
 		}
-		if found && m.Grant {
-			c, ok, err := gl.ReadFile(ctx, repo, ref, p)
-			if err != nil {
-				return out, err
-			}
-			content, found = c, ok
-		} else if blobs == nil {
-			_, ok, err := gl.ReadFile(ctx, repo, ref, p)
-			if err != nil {
-				return out, err
-			}
-			found = ok
-		}
-		switch {
-		case m.Grant && !found:
-			out = append(out, File{p, Missing, fmt.Sprintf("grant %s merged but its file is not on %s", m.OperationID, ref)})
-		case m.Grant:
-			var d doc
-			if yaml.Unmarshal([]byte(content), &d) != nil || d.OperationID != m.OperationID || d.Subject != m.Subject || d.Target != m.Target {
-				out = append(out, File{p, Modified, fmt.Sprintf("grant %s merged but the file on %s carries operation_id %q", m.OperationID, ref, d.OperationID)})
-			}
-		case found:
-			out = append(out, File{p, Unexpected, fmt.Sprintf("revoke %s merged but the file is still on %s", m.OperationID, ref)})
+		if miss {
+			out = append(out, f)
 		}
 	}
 	return out, nil
+}
+
+// checkMember checks one member of CheckMerged; blobs is the listing of bindings/
+// (path to blob id) for a large batch, nil for a small one. It reports whether the
+// member's change is missed on ref, and how.
+func checkMember(ctx context.Context, gl GitLab, repo, ref string, blobs map[string]string, m Member) (File, bool, error) {
+	p := domain.BindingPath(m.Subject, m.Target)
+	var content string
+	found := true
+	if blobs != nil {
+		id, ok := blobs[p]
+		found = ok
+		if ok && m.Grant && m.Content != "" && id == mr.GitBlobID(m.Content) {
+			return File{}, false, nil // exactly what batcherd wrote
+		}
+	}
+	if found && m.Grant {
+		c, ok, err := gl.ReadFile(ctx, repo, ref, p)
+		if err != nil {
+			return File{}, false, err
+		}
+		content, found = c, ok
+	} else if blobs == nil {
+		_, ok, err := gl.ReadFile(ctx, repo, ref, p)
+		if err != nil {
+			return File{}, false, err
+		}
+		found = ok
+	}
+	switch {
+	case m.Grant && !found:
+		return File{p, Missing, fmt.Sprintf("grant %s merged but its file is not on %s", m.OperationID, ref)}, true, nil
+	case m.Grant:
+		var d doc
+		if yaml.Unmarshal([]byte(content), &d) != nil || d.OperationID != m.OperationID || d.Subject != m.Subject || d.Target != m.Target {
+			return File{p, Modified, fmt.Sprintf("grant %s merged but the file on %s carries operation_id %q", m.OperationID, ref, d.OperationID)}, true, nil
+		}
+	case found:
+		return File{p, Unexpected, fmt.Sprintf("revoke %s merged but the file is still on %s", m.OperationID, ref)}, true, nil
+	}
+	return File{}, false, nil
 }
