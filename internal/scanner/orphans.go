@@ -78,56 +78,62 @@ func (l *orphanLoop) sweepOpen(ctx context.Context, repo string) error {
 		if ctx.Err() != nil || l.s.stopping() {
 			break
 		}
-		log := l.log.With("repo", repo, "mr_iid", m.IID, "branch", m.SourceBranch)
-		branchInst, id, ok := domain.ParseBranch(m.SourceBranch)
-		if !ok {
-			// Labelled by hand, not a batch branch: not ours to close.
-			log.Debug("labelled MR on a non-batch branch; leaving it")
-			continue
-		}
-		if branchInst != "" && branchInst != inst {
-			// Another installation's batch (a second database on this project): its
-			// own replicas follow it.
-			log.Debug("another installation's batch MR; leaving it", "installation", branchInst)
-			continue
-		}
-		log = log.With("batch_id", id)
-		b, err := l.s.st.BatchGet(ctx, id)
-		if branchInst == "" && (err != nil || b.SourceBranch != m.SourceBranch) {
-			// A legacy branch (batcherd/batch-<id>, from before installations had ids)
-			// is ours only when our batch row recorded it; otherwise it may be any
-			// installation's, and closing it is not ours to do.
-			if err != nil && !errors.Is(err, store.ErrNotFound) {
-				l.s.itemErr("orphans", log, "reading the MR's batch failed", err)
-			}
-			continue
-		}
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-			// A batch row can only be missing if the database lost it (restore from an
-			// older backup): nothing would ever follow this MR, so it must not merge.
-		case err != nil:
-			l.s.itemErr("orphans", log, "reading the MR's batch failed", err)
-			continue
-		case b.Status.Active():
-			continue
-		case b.Repo != repo:
-			log.Warn("batch branch belongs to another repository's batch; leaving it", "batch_repo", b.Repo)
-			continue
-		}
-		cm, err := l.s.gl.CloseMR(ctx, repo, m.IID)
-		if err != nil {
-			l.s.itemErr("orphans", log, "closing an orphan MR failed", err)
-			continue
-		}
-		l.s.m.outcomes.WithLabelValues("orphans", "closed").Inc()
-		log.Info("closed orphan merge request", "batch_status", b.Status.String(), "mr_state", cm.State)
-		if cm.State == mr.StateMerged && b.Status == domain.BatchFailed {
-			// It merged before we could close it: merged wins.
-			l.s.itemErr("orphans", log, "settling a merged orphan failed", l.s.mergedAfterFailed(ctx, b, cm, log))
-		}
+		l.sweepOpenMR(ctx, repo, inst, m)
 	}
 	return nil
+}
+
+// sweepOpenMR closes one open labelled MR of repo (inst is this installation's id)
+// when it is ours and its batch is not active; errors are counted per item.
+func (l *orphanLoop) sweepOpenMR(ctx context.Context, repo, inst string, m mr.MergeRequest) {
+	log := l.log.With("repo", repo, "mr_iid", m.IID, "branch", m.SourceBranch)
+	branchInst, id, ok := domain.ParseBranch(m.SourceBranch)
+	if !ok {
+		// Labelled by hand, not a batch branch: not ours to close.
+		log.Debug("labelled MR on a non-batch branch; leaving it")
+		return
+	}
+	if branchInst != "" && branchInst != inst {
+		// Another installation's batch (a second database on this project): its
+		// own replicas follow it.
+		log.Debug("another installation's batch MR; leaving it", "installation", branchInst)
+		return
+	}
+	log = log.With("batch_id", id)
+	b, err := l.s.st.BatchGet(ctx, id)
+	if branchInst == "" && (err != nil || b.SourceBranch != m.SourceBranch) {
+		// A legacy branch (batcherd/batch-<id>, from before installations had ids)
+		// is ours only when our batch row recorded it; otherwise it may be any
+		// installation's, and closing it is not ours to do.
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			l.s.itemErr("orphans", log, "reading the MR's batch failed", err)
+		}
+		return
+	}
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		// A batch row can only be missing if the database lost it (restore from an
+		// older backup): nothing would ever follow this MR, so it must not merge.
+	case err != nil:
+		l.s.itemErr("orphans", log, "reading the MR's batch failed", err)
+		return
+	case b.Status.Active():
+		return
+	case b.Repo != repo:
+		log.Warn("batch branch belongs to another repository's batch; leaving it", "batch_repo", b.Repo)
+		return
+	}
+	cm, err := l.s.gl.CloseMR(ctx, repo, m.IID)
+	if err != nil {
+		l.s.itemErr("orphans", log, "closing an orphan MR failed", err)
+		return
+	}
+	l.s.m.outcomes.WithLabelValues("orphans", "closed").Inc()
+	log.Info("closed orphan merge request", "batch_status", b.Status.String(), "mr_state", cm.State)
+	if cm.State == mr.StateMerged && b.Status == domain.BatchFailed {
+		// It merged before we could close it: merged wins.
+		l.s.itemErr("orphans", log, "settling a merged orphan failed", l.s.mergedAfterFailed(ctx, b, cm, log))
+	}
 }
 
 // sweepFailed re-reads the MRs of recently FAILED batches (by the recorded iid, else
