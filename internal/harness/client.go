@@ -117,18 +117,9 @@ func (c *Client) do(ctx context.Context, method, path string, hdr http.Header, i
 	var lastErr error
 	for i := range eps {
 		base := eps[(start+i)%len(eps)]
-		req, err := http.NewRequestWithContext(ctx, method, base+path, bytes.NewReader(body))
+		req, err := c.newRequest(ctx, method, base+path, hdr, body, in != nil)
 		if err != nil {
 			return 0, err
-		}
-		for k, v := range hdr {
-			req.Header[k] = v
-		}
-		if in != nil {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		if c.token != "" && req.Header.Get("Authorization") == "" {
-			req.Header.Set("Authorization", "Bearer "+c.token)
 		}
 		resp, err := c.http.Do(req)
 		if err != nil {
@@ -139,31 +130,56 @@ func (c *Client) do(ctx context.Context, method, path string, hdr http.Header, i
 			c.Failovers.Add(1)
 			continue
 		}
-		data, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			return resp.StatusCode, err
-		}
-		if resp.StatusCode/100 != 2 {
-			ae := &APIError{Method: method, Path: path, Status: resp.StatusCode}
-			var eb struct {
-				Error ErrorBody `json:"error"`
-			}
-			if json.Unmarshal(data, &eb) == nil && eb.Error.Code != "" {
-				ae.Code, ae.Message = eb.Error.Code, eb.Error.Message
-			} else {
-				ae.Message = string(data)
-			}
-			return resp.StatusCode, ae
-		}
-		if out != nil && len(data) > 0 {
-			if err := json.Unmarshal(data, out); err != nil {
-				return resp.StatusCode, fmt.Errorf("%s %s: decoding %q: %w", method, path, truncate(string(data), 200), err)
-			}
-		}
-		return resp.StatusCode, nil
+		return resp.StatusCode, decodeResponse(resp, method, path, out)
 	}
 	return 0, fmt.Errorf("every endpoint failed: %w", lastErr)
+}
+
+// newRequest builds one attempt of do: hdr, the JSON content type when there is a
+// body (hasBody), and the client's token unless hdr brings its own Authorization.
+func (c *Client) newRequest(ctx context.Context, method, target string, hdr http.Header, body []byte, hasBody bool) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, target, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	if hasBody {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" && req.Header.Get("Authorization") == "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	return req, nil
+}
+
+// decodeResponse reads and closes resp's body: a non-2xx answer is an *APIError, a
+// 2xx body is decoded into out.
+func decodeResponse(resp *http.Response, method, path string, out any) error {
+	data, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		ae := &APIError{Method: method, Path: path, Status: resp.StatusCode}
+		var eb struct {
+			Error ErrorBody `json:"error"`
+		}
+		if json.Unmarshal(data, &eb) == nil && eb.Error.Code != "" {
+			ae.Code, ae.Message = eb.Error.Code, eb.Error.Message
+		} else {
+			ae.Message = string(data)
+		}
+		return ae
+	}
+	if out != nil && len(data) > 0 {
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("%s %s: decoding %q: %w", method, path, truncate(string(data), 200), err)
+		}
+	}
+	return nil
 }
 
 // connectionError reports failures where the request cannot have been processed, or
