@@ -138,36 +138,52 @@ func StartMariaDB(ctx context.Context, o MariaDBOptions) (m *MariaDB, err error)
 	}
 	m.logfn("mariadb: data directory %s initialised", m.DataDir)
 
+	if err := m.startOnFreePort(ctx, o.ReadyTimeout, o.ExtraArgs); err != nil {
+		return m, err
+	}
+	if err := m.createAccount(ctx); err != nil {
+		return m, err
+	}
+	return m, nil
+}
+
+// startOnFreePort starts mariadbd on a free loopback port, trying another port (up to
+// five in all) when the one picked was taken meanwhile.
+func (m *MariaDB) startOnFreePort(ctx context.Context, ready time.Duration, extra []string) error {
 	for attempt := 0; ; attempt++ {
 		port, err := freePort()
 		if err != nil {
-			return m, err
+			return err
 		}
 		m.Port = port
-		err = m.start(ctx, o.ReadyTimeout, o.ExtraArgs)
+		err = m.start(ctx, ready, extra)
 		if err == nil {
-			break
+			return nil
 		}
 		if attempt >= 4 || !strings.Contains(LogTail(m.LogPath, 30), "already in use") {
-			return m, err
+			return err
 		}
 	}
+}
+
+// createAccount creates batcherd's account (m.User, m.Password) over TCP and the socket.
+func (m *MariaDB) createAccount(ctx context.Context) error {
 	db, err := sql.Open("mysql", m.AdminDSN())
 	if err != nil {
-		return m, err
+		return err
 	}
 	defer db.Close()
 	for _, host := range []string{"127.0.0.1", "localhost"} {
 		for _, q := range []string{
-			fmt.Sprintf("CREATE USER IF NOT EXISTS '%s'@'%s' IDENTIFIED BY '%s'", o.User, host, o.Password),
-			fmt.Sprintf("GRANT ALL PRIVILEGES ON *.* TO '%s'@'%s'", o.User, host),
+			fmt.Sprintf("CREATE USER IF NOT EXISTS '%s'@'%s' IDENTIFIED BY '%s'", m.User, host, m.Password),
+			fmt.Sprintf("GRANT ALL PRIVILEGES ON *.* TO '%s'@'%s'", m.User, host),
 		} {
 			if _, err := db.ExecContext(ctx, q); err != nil {
-				return m, fmt.Errorf("private mariadb: %s: %w", q, err)
+				return fmt.Errorf("private mariadb: %s: %w", q, err)
 			}
 		}
 	}
-	return m, nil
+	return nil
 }
 
 func (m *MariaDB) logfn(format string, args ...any) {
