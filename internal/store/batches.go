@@ -340,6 +340,8 @@ func (s *Store) BatchClaimFollowUp(ctx context.Context, repo string, max int) (C
 // (insertMembers), then the batch row and its event (finishClaimedBatch). Any step's
 // "no" rolls everything back with its outcome; claimAnswer maps the transaction's end
 // to the caller's answer.
+// It stays one function on purpose: the steps are functions already; what is left is
+// their order inside the one transaction and each step's rollback outcome.
 func (s *Store) claim(ctx context.Context, repo string, max int, groupsOnly bool) (ClaimResult, error) {
 	if max < 1 {
 		return ClaimResult{}, fmt.Errorf("store: BatchClaim max must be at least 1, got %d", max)
