@@ -108,28 +108,7 @@ func New(ctx context.Context, cfg *config.Config, env Env) (*App, error) {
 
 	reg := newRegistry(env.Version)
 
-	scfg := scanner.Config{
-		Repos:             cfg.Repos,
-		TargetBranch:      cfg.TargetBranch,
-		ClaimSchedule:     cfg.ClaimSchedule,
-		MaxBatchSize:      cfg.MaxBatchSize,
-		MergeMode:         scanner.MergeMode(cfg.MergeMode),
-		ReplicaID:         cfg.ReplicaID,
-		ReconcileInterval: cfg.ReconcileInterval,
-		BatchTimeout:      cfg.BatchTimeout,
-		DriftInterval:     driftOrOff(cfg.DriftInterval),
-		ShutdownTimeout:   cfg.ShutdownTimeout,
-		OnFailure:         scanner.FailureMode(cfg.OnFailure),
-		InfraRetries:      retriesOrNone(cfg.InfraRetries),
-		ConflictRetries:   retriesOrNone(cfg.ConflictRetries),
-		FlakeRetries:      retriesOrNone(cfg.FlakeRetries),
-		NoBisect:          !cfg.Bisect,
-		MaxAttempts:       cfg.MaxAttempts,
-		EventURLs:         cfg.EventsURL,
-		EventSecret:       cfg.EventsSecret,
-		OutboxTimeout:     cfg.EventsTimeout,
-		OutboxLease:       3 * cfg.EventsTimeout,
-	}
+	scfg := scannerConfig(cfg)
 	if env.TuneScanner != nil {
 		env.TuneScanner(&scfg)
 	}
@@ -169,6 +148,32 @@ func New(ctx context.Context, cfg *config.Config, env Env) (*App, error) {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	return a, nil
+}
+
+// scannerConfig is the scanner's part of cfg.
+func scannerConfig(cfg *config.Config) scanner.Config {
+	return scanner.Config{
+		Repos:             cfg.Repos,
+		TargetBranch:      cfg.TargetBranch,
+		ClaimSchedule:     cfg.ClaimSchedule,
+		MaxBatchSize:      cfg.MaxBatchSize,
+		MergeMode:         scanner.MergeMode(cfg.MergeMode),
+		ReplicaID:         cfg.ReplicaID,
+		ReconcileInterval: cfg.ReconcileInterval,
+		BatchTimeout:      cfg.BatchTimeout,
+		DriftInterval:     driftOrOff(cfg.DriftInterval),
+		ShutdownTimeout:   cfg.ShutdownTimeout,
+		OnFailure:         scanner.FailureMode(cfg.OnFailure),
+		InfraRetries:      retriesOrNone(cfg.InfraRetries),
+		ConflictRetries:   retriesOrNone(cfg.ConflictRetries),
+		FlakeRetries:      retriesOrNone(cfg.FlakeRetries),
+		NoBisect:          !cfg.Bisect,
+		MaxAttempts:       cfg.MaxAttempts,
+		EventURLs:         cfg.EventsURL,
+		EventSecret:       cfg.EventsSecret,
+		OutboxTimeout:     cfg.EventsTimeout,
+		OutboxLease:       3 * cfg.EventsTimeout,
+	}
 }
 
 // Addr is the address the HTTP server listens on.
