@@ -51,21 +51,17 @@ func (s *Server) handleCreateOperation(w http.ResponseWriter, r *http.Request) e
 		p.Fingerprint = fingerprint(p)
 		p.IdempotencyTTL = s.cfg.IdempotencyTTL
 	}
-	if p.Action == domain.ActionGrant {
-		// A file that differs from an active binding's only by letter case would be the
-		// same file on a case-insensitive checkout (macOS, Windows).
-		other, found, err := s.st.BindingCaseCollision(r.Context(), p.Repo, p.Subject, p.Target)
-		if err != nil {
-			return err
-		}
-		if found {
-			return errf(http.StatusConflict, codeCaseCollision,
-				"the file of this binding differs only by letter case from that of %s → %s (%s): case-insensitive checkouts would make them one file",
-				other.Subject, other.Target, other.Status)
-		}
-	}
+	// A grant whose file differs from an active binding's only by letter case would be
+	// the same file on a case-insensitive checkout (macOS, Windows): the store refuses
+	// it inside the admission's own transaction (CaseCollisionError).
 	op, created, err := s.st.OperationCreate(r.Context(), p)
 	if err != nil {
+		var cc *store.CaseCollisionError
+		if errors.As(err, &cc) {
+			return errf(http.StatusConflict, codeCaseCollision,
+				"the file of this binding differs only by letter case from that of %s → %s (%s): case-insensitive checkouts would make them one file",
+				cc.Other.Subject, cc.Other.Target, cc.Other.Status)
+		}
 		if errors.Is(err, store.ErrLostRace) {
 			// A concurrent application of the same relation committed first.
 			return errf(http.StatusConflict, codeBindingBusy, "a concurrent application for this binding won; read the binding and try again")

@@ -33,9 +33,6 @@ type Store interface {
 	BatchMarkDue(ctx context.Context, id int64) error
 	WaitingStats(ctx context.Context) ([]store.RepoWaiting, error)
 
-	// admission: a binding file that differs only by letter case (409 case_collision)
-	BindingCaseCollision(ctx context.Context, repo, subject, target string) (domain.Binding, bool, error)
-
 	// repositories: GitLab state and drift (GET /v1/repos)
 	RepoHealths(ctx context.Context) (map[string]store.RepoHealth, error)
 

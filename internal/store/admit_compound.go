@@ -9,33 +9,38 @@ package store
 // and then there is nothing to decide that the unique keys do not decide already:
 //
 //	BEGIN NOT ATOMIC
+//	  DECLARE adm_now DATETIME(6) DEFAULT CURRENT_TIMESTAMP(6); DECLARE adm_id BIGINT DEFAULT 0;
 //	  SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;
 //	  IF <an expires_at is not in the future> THEN SIGNAL …; END IF;
-//	  <the writes of buildAdmitWrites, each guarded one followed by IF ROW_COUNT() <> n THEN SIGNAL …>;
-//	  SELECT id, operation_id, created_at, updated_at FROM operation WHERE operation_id IN (…);
+//	  IF <a grant's file collides by letter case with another binding's> THEN SIGNAL …; END IF;
+//	  <the writes of buildAdmitWrites; after a guarded one IF ROW_COUNT() <> n THEN SIGNAL …>;
+//	  (after the operation INSERT) SET adm_id = LAST_INSERT_ID();
 //	  COMMIT;
+//	  SELECT adm_id, adm_now;
 //	END
 //
-// A stored key or an existing binding makes it fail (1062) and nothing of it stays:
-// the group then takes the read path. A run of failures turns optimism off for a while,
-// so a workload of re-applications pays for it at most once in a few groups.
+// A stored key or an existing binding makes it fail (1062), a case collision or a past
+// expiry makes it SIGNAL, and nothing of it stays: the group then takes the read path.
+// A run of failures turns optimism off for a while, so a workload of re-applications
+// pays for it at most once in a few groups.
 //
 // Read path, two round trips, the same decisions as groupPlain:
 //
 //  1. SET TRANSACTION …; START TRANSACTION; the read (admitReadQuery);
-//  2. the writes, guarded, the SELECT of the new operations and COMMIT.
+//  2. the writes, guarded, COMMIT and the answer.
 //
 // The writes, their order and their guards are exactly those of groupPlain (both use
-// buildAdmitWrites); only the round trips differ. The transaction is driven with plain
-// SQL on one pinned connection, so every way out ends it (COMMIT, or ROLLBACK on a
-// fresh context) before the connection goes back to the pool, and a connection in an
-// unknown state is discarded. Errors:
+// buildAdmitWrites); only the round trips differ. No row is read back: the compound
+// answers with the time it wrote and the first id (writeCompound; on a server whose ids
+// do not follow each other, such as Galera, it reads the ids before COMMIT instead).
+// The transaction is driven with plain SQL on one pinned connection, so every way out
+// ends it (COMMIT, or ROLLBACK on a fresh context) before the connection goes back to
+// the pool, and a connection in an unknown state is discarded. Errors:
 //
-//   - the server refuses a statement before the SELECT (1062, deadlock, a guard's
-//     SIGNAL): the transaction did not commit; ROLLBACK, then the read path (after an
+//   - the server refuses a statement before COMMIT (1062, deadlock, a guard's SIGNAL):
+//     the transaction did not commit; ROLLBACK, then the read path (after an
 //     optimistic attempt) or the per-request path (after the read path);
-//   - the server refuses after the SELECT (the COMMIT failed): not committed either,
-//     same as above;
+//   - the COMMIT fails: not committed either, same as above;
 //   - the connection breaks while a compound with COMMIT runs: the outcome is unknown
 //     (the server may finish it after we stopped listening), so each accepted caller
 //     gets ErrCommitUnknown, exactly as when the per-request path loses its COMMIT.
@@ -93,6 +98,7 @@ func (s *Store) useCompound(ctx context.Context, a *admitter) bool {
 const (
 	guardSignal   = "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'batcherd: admission guard matched another row count'"
 	expiredSignal = "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'batcherd: expires_at is not in the future'"
+	foldSignal    = "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'batcherd: a binding file differs only by letter case'"
 )
 
 // optimisticBackoff is how many groups skip the optimistic attempt after one failed.
@@ -107,7 +113,7 @@ const (
 	compoundUnknownOutcome                // the connection broke: it may or may not have committed
 )
 
-// newOp is one row of the SELECT at the end of a write compound.
+// newOp is a new operation as a write compound answers it (writeCompound).
 type newOp struct {
 	ID          int64     `db:"id"`
 	OperationID string    `db:"operation_id"`
@@ -117,6 +123,7 @@ type newOp struct {
 
 // groupCompound runs the group (see the file comment).
 func (s *Store) groupCompound(ctx context.Context, a *admitter, work []*admitReq) {
+	step := s.autoincStepOf(ctx, a) // before taking the group's connection
 	conn, err := s.db.Connx(ctx)
 	if err != nil {
 		a.fallback(work, true)
@@ -131,7 +138,7 @@ func (s *Store) groupCompound(ctx context.Context, a *admitter, work []*admitReq
 		conn.Close()
 	}()
 
-	if s.tryOptimistic(ctx, a, conn, work, &open) {
+	if s.tryOptimistic(ctx, a, conn, work, step, &open) {
 		return
 	}
 
@@ -144,7 +151,7 @@ func (s *Store) groupCompound(ctx context.Context, a *admitter, work []*admitReq
 		a.fallback(work, true)
 		return
 	}
-	now, bindings, keys, err := admitReadResult(rows)
+	rd, err := admitReadResult(rows)
 	if err != nil {
 		a.fallback(work, true)
 		return
@@ -152,14 +159,14 @@ func (s *Store) groupCompound(ctx context.Context, a *admitter, work []*admitReq
 	if admitAfterRead != nil {
 		admitAfterRead(ctx)
 	}
-	acc := a.decideGroup(work, now, bindings, keys)
+	acc := a.decideGroup(work, rd)
 	if len(acc) == 0 {
 		return // refused or serial: the deferred ROLLBACK ends the read-only transaction
 	}
 
 	// 2. The writes, guarded, the new operations, COMMIT.
-	stmts, _ := buildAdmitWrites(time.Time{}, acc, s.EventReceivers())
-	ops, res, err := writeCompound(ctx, conn, "", nil, stmts, acc)
+	stmts, opStmt := buildAdmitWrites(compoundClock, acc, s.EventReceivers())
+	ops, res, err := writeCompound(ctx, conn, "", nil, stmts, opStmt, step, acc)
 	switch res {
 	case compoundCommitted:
 		open = false
@@ -180,7 +187,7 @@ func (s *Store) groupCompound(ctx context.Context, a *admitter, work []*admitReq
 // database clock, in one compound statement. It reports whether the group has been
 // answered; false leaves conn with no transaction open (*open false), for the read
 // path. After a refusal the next optimisticBackoff groups skip the attempt.
-func (s *Store) tryOptimistic(ctx context.Context, a *admitter, conn *sqlx.Conn, work []*admitReq, open *bool) bool {
+func (s *Store) tryOptimistic(ctx context.Context, a *admitter, conn *sqlx.Conn, work []*admitReq, step int64, open *bool) bool {
 	acc, ok := optimisticCandidates(work)
 	if !ok {
 		return false
@@ -190,10 +197,10 @@ func (s *Store) tryOptimistic(ctx context.Context, a *admitter, conn *sqlx.Conn,
 		return false
 	}
 	a.stats.optimistic.Add(1)
-	stmts, _ := buildAdmitWrites(time.Time{}, acc, s.EventReceivers())
+	stmts, opStmt := buildAdmitWrites(compoundClock, acc, s.EventReceivers())
 	pre, preArgs := optimisticPrelude(acc)
 	*open = true
-	rows, res, err := writeCompound(ctx, conn, pre, preArgs, stmts, acc)
+	rows, res, err := writeCompound(ctx, conn, pre, preArgs, stmts, opStmt, step, acc)
 	switch res {
 	case compoundCommitted:
 		*open = false
@@ -217,9 +224,10 @@ func (s *Store) tryOptimistic(ctx context.Context, a *admitter, conn *sqlx.Conn,
 	return false
 }
 
-// optimisticPrelude begins the optimistic transaction and refuses it (expiredSignal)
-// when any grant's expiry is not in the future: the same test as decideAdmission's,
-// on the database clock.
+// optimisticPrelude begins the optimistic transaction and refuses it when any grant's
+// expiry is not in the future (expiredSignal: the same test as decideAdmission's, on
+// the database clock) or any grant's file collides by letter case with another
+// binding's (foldSignal: caseCollisionWhere). The read path then answers each request.
 func optimisticPrelude(acc []accepted) (string, []any) {
 	var pre strings.Builder
 	var args []any
@@ -240,6 +248,19 @@ func optimisticPrelude(acc []accepted) (string, []any) {
 	}
 	if n > 0 {
 		pre.WriteString(" THEN " + expiredSignal + "; END IF;\n")
+	}
+	// Every candidate is a grant (optimisticCandidates).
+	for i, x := range acc {
+		if i == 0 {
+			pre.WriteString("IF ")
+		} else {
+			pre.WriteString(" OR ")
+		}
+		pre.WriteString("EXISTS (SELECT 1 FROM binding WHERE " + caseCollisionWhere + ")")
+		args = append(args, caseCollisionArgs(x.repo, x.r.p.Subject, x.r.p.Target)...)
+	}
+	if len(acc) > 0 {
+		pre.WriteString(" THEN " + foldSignal + "; END IF;\n")
 	}
 	return pre.String(), args
 }
@@ -264,43 +285,75 @@ func optimisticCandidates(work []*admitReq) ([]accepted, bool) {
 	return acc, true
 }
 
-// writeCompound runs one compound: pre (with preArgs), the writes with their guards,
-// the SELECT of the new operations and COMMIT. It returns the new operations when it
-// committed.
-func writeCompound(ctx context.Context, conn *sqlx.Conn, pre string, preArgs []any, stmts []admitStmt, acc []accepted) ([]newOp, compoundResult, error) {
+// compoundClock makes a write compound's operations take created_at and updated_at
+// from its adm_now variable (writeCompound), which the compound answers with.
+var compoundClock = admitClock{sqlVar: "adm_now"}
+
+// writeCompound runs one compound: pre (with preArgs), the writes with their guards
+// (none after a statement that cannot report another row count), COMMIT and the
+// answer, and returns the new operations when it committed.
+//
+// What the database assigns, the compound answers without reading a row back: the
+// time is its local variable adm_now, read once (every statement of a compound reads
+// the clock anew, so the operations are written with the variable, not the column
+// default), and when ids follow each other by step (autoincStepOf), the first one is
+// LAST_INSERT_ID() after the operation INSERT (stmts[opStmt]). The answer is then one
+// row, after COMMIT: it arrives only when COMMIT succeeded. With step 0 (ids
+// interleaved, as on Galera) the compound reads the new operations' ids before COMMIT,
+// whose answer then follows that result set.
+func writeCompound(ctx context.Context, conn *sqlx.Conn, pre string, preArgs []any, stmts []admitStmt, opStmt int, step int64,
+	acc []accepted) ([]newOp, compoundResult, error) {
 	var b strings.Builder
 	all := append([]any(nil), preArgs...)
-	b.WriteString("BEGIN NOT ATOMIC\n")
+	b.WriteString("BEGIN NOT ATOMIC\nDECLARE adm_now DATETIME(6) DEFAULT CURRENT_TIMESTAMP(6);\nDECLARE adm_id BIGINT DEFAULT 0;\n")
 	b.WriteString(pre)
-	for _, st := range stmts {
+	for i, st := range stmts {
 		b.WriteString(st.q)
 		b.WriteString(";\n")
-		if st.want >= 0 {
+		if st.want >= 0 && !st.exact {
 			b.WriteString("IF ROW_COUNT() <> ")
 			b.WriteString(itoa(st.want))
 			b.WriteString(" THEN " + guardSignal + "; END IF;\n")
 		}
+		if i == opStmt && step > 0 {
+			b.WriteString("SET adm_id = LAST_INSERT_ID();\n")
+		}
 		all = append(all, st.args...)
 	}
-	b.WriteString("SELECT id, operation_id, created_at, updated_at FROM operation WHERE operation_id IN (" +
-		inPlaceholders(len(acc)) + ");\nCOMMIT;\nEND")
-	for _, x := range acc {
-		all = append(all, x.r.p.OperationID)
+	if step > 0 {
+		b.WriteString("COMMIT;\nSELECT adm_id AS id, adm_now AS now;\nEND")
+	} else {
+		b.WriteString("SELECT id, operation_id, adm_now AS created_at, adm_now AS updated_at FROM operation WHERE operation_id IN (" +
+			inPlaceholders(len(acc)) + ");\nCOMMIT;\nEND")
+		for _, x := range acc {
+			all = append(all, x.r.p.OperationID)
+		}
 	}
 	rows, err := conn.QueryxContext(ctx, b.String(), all...)
 	if err != nil {
 		return nil, classify(ctx, err), err
 	}
 	var out []newOp
+	var first struct {
+		ID  int64     `db:"id"`
+		Now time.Time `db:"now"`
+	}
 	for rows.Next() {
-		var o newOp
-		if err := rows.StructScan(&o); err != nil {
+		var err error
+		if step > 0 {
+			err = rows.StructScan(&first)
+		} else {
+			var o newOp
+			if err = rows.StructScan(&o); err == nil {
+				out = append(out, o)
+			}
+		}
+		if err != nil {
 			rows.Close()
 			return nil, classify(ctx, err), err
 		}
-		out = append(out, o)
 	}
-	// The COMMIT's answer follows the result set: a failure shows up only here.
+	// With step 0 the COMMIT's answer follows the result set: a failure shows up only here.
 	for rows.NextResultSet() {
 		for rows.Next() {
 		}
@@ -311,6 +364,17 @@ func writeCompound(ctx context.Context, conn *sqlx.Conn, pre string, preArgs []a
 	}
 	if err != nil {
 		return nil, classify(ctx, err), err
+	}
+	if step > 0 {
+		if first.ID == 0 {
+			// Cannot happen (the SELECT follows COMMIT in the same compound), but the
+			// group has committed: say so honestly (answerNew finds no operation).
+			return nil, compoundCommitted, nil
+		}
+		out = make([]newOp, len(acc))
+		for i, x := range acc {
+			out[i] = newOp{ID: first.ID + int64(i)*step, OperationID: x.r.p.OperationID, CreatedAt: first.Now, UpdatedAt: first.Now}
+		}
 	}
 	return out, compoundCommitted, nil
 }

@@ -49,6 +49,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/jmoiron/sqlx"
 
@@ -265,17 +266,22 @@ func (s *Store) runAdmitGroup(a *admitter, group []*admitReq) {
 
 	// Requests whose key or relation already appeared earlier in the group go serial,
 	// after the group (their answer depends on the earlier request's outcome).
+	// So do requests whose binding file folds like an earlier one's: the later one's
+	// case-collision check must see the earlier one's binding.
 	seenKey := map[idemRef]bool{}
 	seenRel := map[relKey]bool{}
+	seenFold := map[string]bool{}
 	var work []*admitReq
 	for _, r := range group {
 		k := relKey{r.p.Subject, r.p.Target}
-		if seenRel[k] || (r.p.IdempotencyKey != "" && seenKey[idemOf(r.p)]) {
+		f := foldFile(r.p)
+		if seenRel[k] || seenFold[f] || (r.p.IdempotencyKey != "" && seenKey[idemOf(r.p)]) {
 			r.outcome = admitSerial
 			a.stats.serial.Add(1)
 			continue
 		}
 		seenRel[k] = true
+		seenFold[f] = true
 		if r.p.IdempotencyKey != "" {
 			seenKey[idemOf(r.p)] = true
 		}
@@ -290,6 +296,28 @@ func (s *Store) runAdmitGroup(a *admitter, group []*admitReq) {
 	} else {
 		s.groupPlain(ctx, a, work)
 	}
+}
+
+// foldFile is the request's binding file (repository, target, subject) with letter
+// case folded: every rune replaced by the least rune of its Unicode case-folding orbit,
+// so two names the database's LOWER() maps alike fold alike here too (the orbit is at
+// least as coarse as any simple case mapping). Used only to keep such requests out of
+// one group; the database decides the collision itself (caseCollisionWhere).
+func foldFile(p OperationCreateParams) string {
+	var b strings.Builder
+	b.Grow(len(p.Repo) + len(p.Target) + len(p.Subject) + 2)
+	b.WriteString(p.Repo)
+	for _, s := range [2]string{p.Target, p.Subject} {
+		b.WriteByte(0)
+		for _, r := range s {
+			least := r
+			for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+				least = min(least, f)
+			}
+			b.WriteRune(least)
+		}
+	}
+	return b.String()
 }
 
 // fallback hands requests back to their callers' per-request transactions.
@@ -313,20 +341,25 @@ func acceptedReqs(acc []accepted) []*admitReq {
 
 // decideGroup decides every request of the group on the group's read, in arrival
 // order, and returns the accepted ones. Refused requests get their answer here;
-// requests whose idempotency key is already stored go serial.
-func (a *admitter) decideGroup(work []*admitReq, now time.Time, bindings map[relKey]groupBinding, keys map[idemRef]bool) []accepted {
+// requests whose idempotency key is already stored go serial. The checks run in the
+// per-request path's order: key, case collision, then decideAdmission.
+func (a *admitter) decideGroup(work []*admitReq, rd admitRead) []accepted {
 	var acc []accepted
-	for _, r := range work {
+	for i, r := range work {
 		p := r.p
 		if p.IdempotencyKey != "" {
-			if _, stored := keys[idemOf(p)]; stored {
+			if _, stored := rd.keys[idemOf(p)]; stored {
 				// A repeat (live key) or an expired key to free: the serial path does
 				// both exactly as before.
 				a.fallback([]*admitReq{r}, false)
 				continue
 			}
 		}
-		x, err := decideAdmission(p, now, bindings[relKey{p.Subject, p.Target}])
+		if other, ok := rd.collisions[i]; ok {
+			r.outcome, r.err = admitAnswered, &CaseCollisionError{Other: other}
+			continue
+		}
+		x, err := decideAdmission(p, rd.now, rd.bindings[relKey{p.Subject, p.Target}])
 		if err != nil {
 			r.outcome, r.err = admitAnswered, err
 			continue
@@ -394,7 +427,7 @@ func (s *Store) groupPlain(ctx context.Context, a *admitter, work []*admitReq) {
 		a.fallback(work, true)
 		return
 	}
-	now, bindings, keys, err := admitReadResult(rows)
+	rd, err := admitReadResult(rows)
 	if err != nil {
 		a.fallback(work, true)
 		return
@@ -402,11 +435,12 @@ func (s *Store) groupPlain(ctx context.Context, a *admitter, work []*admitReq) {
 	if admitAfterRead != nil {
 		admitAfterRead(ctx)
 	}
-	acc := a.decideGroup(work, now, bindings, keys)
+	acc := a.decideGroup(work, rd)
 	if len(acc) == 0 {
 		return // everything refused or serial: nothing to write
 	}
-	stmts, opStmt := buildAdmitWrites(now, acc, s.EventReceivers())
+	now := rd.now
+	stmts, opStmt := buildAdmitWrites(admitClock{t: now}, acc, s.EventReceivers())
 	var opRes sql.Result
 	for i, st := range stmts {
 		res, err := tx.ExecContext(ctx, st.q, st.args...)
@@ -444,8 +478,9 @@ func (s *Store) groupPlain(ctx context.Context, a *admitter, work []*admitReq) {
 }
 
 // admitReadQuery is the group's one read: the database clock, the bindings of every
-// relation in the group and which of its idempotency keys are stored (with whether
-// each is still live). A plain read: no locks.
+// relation in the group, which of its idempotency keys are stored (with whether each
+// is still live) and the bindings its grants' files collide with. A plain read: no
+// locks.
 func admitReadQuery(work []*admitReq) (string, []any) {
 	var q strings.Builder
 	args := make([]any, 0, 3*len(work))
@@ -481,29 +516,54 @@ func admitReadQuery(work []*admitReq) (string, []any) {
 	if nk > 0 {
 		q.WriteByte(')')
 	}
+	// Case collisions of the grants (caseCollisionWhere), the request's index in the id
+	// column: at most one row each.
+	for i, r := range work {
+		if r.p.Action != domain.ActionGrant {
+			continue
+		}
+		q.WriteString(` UNION ALL (SELECT 'c', NULL, ` + itoa(int64(i)) + `, subject, target, repo, status, operation_id, version, NULL
+			FROM binding WHERE ` + caseCollisionWhere + ` LIMIT 1)`)
+		args = append(args, caseCollisionArgs(r.p.Repo, r.p.Subject, r.p.Target)...)
+	}
 	return q.String(), args
 }
 
-// admitReadResult turns the read's rows into the clock, the bindings found and the
-// keys stored (key → live).
-func admitReadResult(rows []admitReadRow) (now time.Time, bindings map[relKey]groupBinding, keys map[idemRef]bool, err error) {
-	bindings = make(map[relKey]groupBinding, len(rows))
-	keys = map[idemRef]bool{}
+// admitRead is what the group's read found.
+type admitRead struct {
+	now        time.Time
+	bindings   map[relKey]groupBinding
+	keys       map[idemRef]bool       // stored key → live
+	collisions map[int]domain.Binding // request index in the group's work → the binding its file collides with
+}
+
+// admitReadResult turns the read's rows into the clock, the bindings found, the keys
+// stored and the case collisions.
+func admitReadResult(rows []admitReadRow) (rd admitRead, err error) {
+	rd.bindings = make(map[relKey]groupBinding, len(rows))
+	rd.keys = map[idemRef]bool{}
 	for _, row := range rows {
 		switch row.Kind {
 		case "n":
-			now = row.TS.Time.UTC()
+			rd.now = row.TS.Time.UTC()
 		case "b":
 			b := domain.Binding{
 				ID: row.ID.Int64, Subject: row.Subject.String, Target: row.Target.String, Repo: row.Repo.String,
 				Status: domain.BindingStatus(row.Status.String), OperationID: row.OperationID.String, Version: row.Version.Int64,
 			}
-			bindings[relKey{b.Subject, b.Target}] = groupBinding{Binding: b, found: true}
+			rd.bindings[relKey{b.Subject, b.Target}] = groupBinding{Binding: b, found: true}
 		case "k":
-			keys[idemRef{row.Target.String, row.Subject.String}] = row.Live.Bool
+			rd.keys[idemRef{row.Target.String, row.Subject.String}] = row.Live.Bool
+		case "c":
+			if rd.collisions == nil {
+				rd.collisions = map[int]domain.Binding{}
+			}
+			rd.collisions[int(row.ID.Int64)] = domain.Binding{Subject: row.Subject.String, Target: row.Target.String,
+				Repo: row.Repo.String, Status: domain.BindingStatus(row.Status.String), OperationID: row.OperationID.String,
+				Version: row.Version.Int64}
 		}
 	}
-	if now.IsZero() {
+	if rd.now.IsZero() {
 		err = errors.New("store: admission read returned no clock row")
 	}
 	return
@@ -544,24 +604,28 @@ func values(row string, n int) string {
 }
 
 // admitStmt is one write of a group; want ≥ 0 is the exact affected-row count it must
-// report (a guard), else anything goes.
+// report (a guard), else anything goes. exact says that the statement cannot report
+// another count without failing (a plain multi-row INSERT: every row or an error), so a
+// compound needs no ROW_COUNT() test after it.
 type admitStmt struct {
-	q    string
-	args []any
-	want int64
+	q     string
+	args  []any
+	want  int64
+	exact bool
 }
 
 // buildAdmitWrites returns the group's writes, in the per-request lock order (keys,
-// operations, bindings, waiting rows), and the index of the operation INSERT.
-// With a zero now the operations take created_at/updated_at from the column default
-// (the statement's CURRENT_TIMESTAMP(6)) and the caller reads them back.
+// operations, bindings, waiting rows), and the index of the operation INSERT. The
+// operations' created_at and updated_at are clock: the group's clock read (plain
+// statements), or the compound's local variable (admit_compound.go), never a column
+// default, so the caller knows them without reading them back.
 //
 // receivers > 0 adds step 6, the operation.queued events of auto-approved operations
 // (outbox.go): one multi-row INSERT into the outbox, in the group's transaction.
-func buildAdmitWrites(now time.Time, acc []accepted, receivers int) (stmts []admitStmt, opStmt int) {
+func buildAdmitWrites(clock admitClock, acc []accepted, receivers int) (stmts []admitStmt, opStmt int) {
 	stmts = append(stmts, keyWrites(acc)...)
 	opStmt = len(stmts)
-	stmts = append(stmts, operationWrite(now, acc))
+	stmts = append(stmts, operationWrite(clock, acc))
 	stmts = append(stmts, bindingWrites(acc)...)
 	stmts = append(stmts, waitingWrites(acc)...)
 	// No audit rows: the created and auto-admitted events are derived from the
@@ -610,29 +674,36 @@ func keyWrites(acc []accepted) []admitStmt {
 		args = append(args, x.r.p.RequestedBy, x.r.p.IdempotencyKey, x.r.p.Fingerprint, x.r.p.OperationID, ttl.Microseconds())
 	}
 	return []admitStmt{{`INSERT INTO idempotency_key (principal, idem_key, fingerprint, operation_id, expires_at) VALUES ` +
-		values("(?, ?, ?, ?, CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND)", len(keyed)), args, int64(len(keyed))}}
+		values("(?, ?, ?, ?, CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND)", len(keyed)), args, int64(len(keyed)), true}}
 }
 
-// operationWrite is step 2: operations, in arrival order, created_at = the group's
-// clock read (or the column default).
-func operationWrite(now time.Time, acc []accepted) admitStmt {
+// admitClock is where a group's operations take created_at and updated_at from: the
+// group's clock read (t), or a variable of the compound statement that writes them
+// (sqlVar, admit_compound.go).
+type admitClock struct {
+	t      time.Time
+	sqlVar string
+}
+
+// operationWrite is step 2: operations, in arrival order, created_at = updated_at =
+// the group's clock.
+func operationWrite(clock admitClock, acc []accepted) admitStmt {
 	args := make([]any, 0, 12*len(acc))
 	for _, x := range acc {
 		p := x.r.p
 		args = append(args, p.OperationID, p.Subject, p.Target, x.repo, p.Action, x.status, x.exp, x.attrs,
 			p.RequestedBy, approvedByOnCreate(p))
-		if !now.IsZero() {
-			args = append(args, now, now)
+		if clock.sqlVar == "" {
+			args = append(args, clock.t, clock.t)
 		}
 	}
-	if now.IsZero() {
-		return admitStmt{`INSERT INTO operation
-		(operation_id, subject, target, repo, action, status, expires_at, attributes, requested_by, approved_by) VALUES ` +
-			values("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", len(acc)), args, int64(len(acc))}
+	row := "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+	if clock.sqlVar != "" {
+		row = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, " + clock.sqlVar + ", " + clock.sqlVar + ")"
 	}
 	return admitStmt{`INSERT INTO operation
 		(operation_id, subject, target, repo, action, status, expires_at, attributes, requested_by, approved_by, created_at, updated_at) VALUES ` +
-		values("(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", len(acc)), args, int64(len(acc))}
+		values(row, len(acc)), args, int64(len(acc)), true}
 }
 
 // bindingWrites is step 3. New relations: one INSERT in (subject, target) order; a
@@ -662,7 +733,7 @@ func bindingWrites(acc []accepted) []admitStmt {
 			args = append(args, p.Subject, p.Target, x.repo, domain.BindingPending, p.OperationID, x.exp)
 		}
 		stmts = append(stmts, admitStmt{`INSERT INTO binding (subject, target, repo, status, operation_id, expires_at) VALUES ` +
-			values("(?, ?, ?, ?, ?, ?)", len(fresh)), args, int64(len(fresh))})
+			values("(?, ?, ?, ?, ?, ?)", len(fresh)), args, int64(len(fresh)), true})
 	}
 	if len(reuse) > 0 {
 		stmts = append(stmts, reuseWrite(reuse))
@@ -709,12 +780,13 @@ func reuseWrite(reuse []accepted) admitStmt {
 		all = append(all, x.b.ID)
 	}
 	all = append(all, aWhere...)
-	return admitStmt{q, all, int64(len(reuse))}
+	return admitStmt{q, all, int64(len(reuse)), false}
 }
 
 // waitingWrites is step 4: waiting rows of auto-approved operations (I4: unique
-// operation_id). Every operation here is new, so every row must be new: anything else
-// is a state this path does not explain, and the serial path decides.
+// operation_id). Every operation here is new, so every row must be new: a plain INSERT,
+// whose 1062 (a state this path does not explain) rolls the group back and the serial
+// path decides.
 func waitingWrites(acc []accepted) []admitStmt {
 	var queued []accepted
 	for _, x := range acc {
@@ -730,7 +802,7 @@ func waitingWrites(acc []accepted) []admitStmt {
 		args = append(args, x.r.p.OperationID, x.repo)
 	}
 	return []admitStmt{{`INSERT INTO merge_batch_request (operation_id, repo) VALUES ` +
-		values("(?, ?)", len(queued)) + ` ON DUPLICATE KEY UPDATE id = id`, args, int64(len(queued))}}
+		values("(?, ?)", len(queued)), args, int64(len(queued)), true}}
 }
 
 // autoincStepOf returns how the ids of a multi-row INSERT follow each other on this

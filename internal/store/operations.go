@@ -40,6 +40,35 @@ var ErrExpiresInPast = errors.New("expires_at is not in the future")
 // validates first; the store refuses rather than guess.
 var ErrInvalidRequest = errors.New("invalid request")
 
+// ErrCaseCollision: a grant whose binding file differs from another relation's only by
+// letter case (HTTP 409 case_collision). Admission returns it as a *CaseCollisionError
+// naming the other binding.
+var ErrCaseCollision = errors.New("binding file differs only by letter case from another binding's")
+
+// CaseCollisionError is ErrCaseCollision with the binding the grant collides with:
+// bindings/<target>/<subject>.yaml compared case-insensitively within one repository,
+// of a binding whose file the repository holds or is about to (active, pending,
+// revoking). A case-insensitive checkout (macOS, Windows) would make the two one file.
+type CaseCollisionError struct{ Other domain.Binding }
+
+func (e *CaseCollisionError) Error() string {
+	return fmt.Sprintf("%v: %s → %s (%s)", ErrCaseCollision, e.Other.Subject, e.Other.Target, e.Other.Status)
+}
+
+// Unwrap makes errors.Is(err, ErrCaseCollision) hold.
+func (e *CaseCollisionError) Unwrap() error { return ErrCaseCollision }
+
+// caseCollisionWhere selects the bindings whose file is (repo, subject, target)'s when
+// letter case is ignored, other than its own, among those whose file the repository
+// holds or is about to: one lookup of idx_binding_fold (binding.fold_key, migration
+// 00005). Its arguments are caseCollisionArgs.
+const caseCollisionWhere = `fold_key = SHA2(CONCAT(?, 0x00, LOWER(?), 0x00, LOWER(?)), 256)
+	AND status IN ('active', 'pending', 'revoking') AND NOT (subject = ? AND target = ?)`
+
+func caseCollisionArgs(repo, subject, target string) []any {
+	return []any{repo, target, subject, subject, target}
+}
+
 // Audit event codes written by this file.
 const (
 	EventCreated         = "created"
@@ -201,6 +230,9 @@ func (s *Store) operationCreateTx(ctx context.Context, p OperationCreateParams) 
 		if err := idempotencyKeyTx(ctx, tx, p); err != nil {
 			return err
 		}
+		if err := caseCollisionTx(ctx, tx, p); err != nil {
+			return err
+		}
 		if err := expiryInFutureTx(ctx, tx, p); err != nil {
 			return err
 		}
@@ -290,6 +322,25 @@ func idempotencyKeyTx(ctx context.Context, tx *sqlx.Tx, p OperationCreateParams)
 		VALUES (?, ?, ?, ?, CURRENT_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`,
 		p.RequestedBy, p.IdempotencyKey, p.Fingerprint, p.OperationID, ttl.Microseconds())
 	return err // 1062 → ErrDuplicate → the caller reads the winner
+}
+
+// caseCollisionTx refuses a grant whose binding file differs from another binding's
+// only by letter case (CaseCollisionError). A plain read, like the binding read: two
+// grants racing for files that fold alike are kept apart inside one replica by the group
+// path (runAdmitGroup runs the second after the first), not by a lock.
+func caseCollisionTx(ctx context.Context, tx *sqlx.Tx, p OperationCreateParams) error {
+	if p.Action != domain.ActionGrant {
+		return nil
+	}
+	var other []domain.Binding
+	if err := tx.SelectContext(ctx, &other, `SELECT `+bindingCols+` FROM binding WHERE `+caseCollisionWhere+` LIMIT 1`,
+		caseCollisionArgs(p.Repo, p.Subject, p.Target)...); err != nil {
+		return err
+	}
+	if len(other) > 0 {
+		return &CaseCollisionError{Other: other[0]}
+	}
+	return nil
 }
 
 // expiryInFutureTx checks a grant's expires_at against the database clock (never the

@@ -134,7 +134,7 @@ func outboxStmt(evs []outEvent, n int) []admitStmt {
 		return nil
 	}
 	args := outboxArgs(make([]any, 0, outboxPerRow*n*len(evs)), evs, n)
-	return []admitStmt{{outboxColumns + values(outboxRowSQL, n*len(evs)), args, int64(n * len(evs))}}
+	return []admitStmt{{outboxColumns + values(outboxRowSQL, n*len(evs)), args, int64(n * len(evs)), true}}
 }
 
 // operationWithdrawnEvent writes the operation.withdrawn event of op (as the withdraw

@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -136,24 +135,4 @@ func (s *Store) BindingFiles(ctx context.Context, repo string) ([]BindingFile, e
 		FROM binding b LEFT JOIN operation o ON o.operation_id = b.operation_id
 		WHERE b.repo = ? AND b.status IN ('active', 'revoking', 'pending')`, repo)
 	return out, translate(err)
-}
-
-// BindingCaseCollision finds a binding of repo whose file differs from the file of
-// (subject, target) only by letter case — bindings/<target>/<subject>.yaml compared
-// case-insensitively — and whose file the repository holds or is about to (active,
-// pending, revoking). A case-insensitive checkout (macOS, Windows) would make the two
-// one file. One indexed read (binding.fold_key); found=false when there is none.
-func (s *Store) BindingCaseCollision(ctx context.Context, repo, subject, target string) (other domain.Binding, found bool, err error) {
-	err = s.db.GetContext(ctx, &other, `SELECT id, subject, target, repo, status, operation_id, expires_at, version, created_at, updated_at
-		FROM binding
-		WHERE fold_key = SHA2(CONCAT(?, 0x00, LOWER(?), 0x00, LOWER(?)), 256)
-		  AND status IN ('active', 'pending', 'revoking') AND NOT (subject = ? AND target = ?)
-		LIMIT 1`, repo, target, subject, subject, target)
-	if errors.Is(err, sql.ErrNoRows) {
-		return domain.Binding{}, false, nil
-	}
-	if err != nil {
-		return domain.Binding{}, false, translate(err)
-	}
-	return other, true, nil
 }
