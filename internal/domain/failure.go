@@ -1,5 +1,10 @@
 package domain
 
+import (
+	"strconv"
+	"strings"
+)
+
 // FailureClass is why a batch failed, as the failure policy reads it. Each class is
 // also the error code recorded on the batch (and on members failed for it), and the
 // fail_class a settle records before it closes the batch's MR.
@@ -66,3 +71,91 @@ const (
 	// BlockCIBlocked: the head pipeline was skipped or waits for a manual job.
 	BlockCIBlocked = "ci_blocked"
 )
+
+// Failure isolation's search groups (docs/ARCHITECTURE.md, "Failure isolation").
+//
+// A failed batch of several members is split, in queue order, into parts: its first
+// half, then the first half of what is left, and so on down to one or two single
+// members (SplitParts). Each part is a claim group of its own, and since waiting rows
+// keep their created_at, the claim takes the parts in that order, one at a time:
+//
+//   - a part that passes merges, and the rest of the failed batch is then known to hold
+//     a culprit (unless the failure was a flake) — the next part is already the first
+//     half of that rest, so no run of the rest as a whole is spent (inference);
+//   - a part that fails is split the same way, and its later siblings — probably good,
+//     since this part explains the failure — are deferred into the search's remainder
+//     group, which is claimed only when nothing older of the search waits, i.e. when
+//     the failing part's search is finished (deferral). The remainder runs as one batch;
+//     if it fails, that is a new failure, split and searched again.
+//
+// The names carry the search: "s<root>.<parent>.<part>" is part <part> (1-based) of
+// failed batch <parent>, in the search that started when batch <root> failed, and
+// "s<root>.rest" is that search's remainder. Everything a replica needs to go on is in
+// the waiting rows' group names, written in the failed batch's settlement transaction.
+
+// SearchGroup is a parsed search group name.
+type SearchGroup struct {
+	Root   int64 // the failed batch the search started with
+	Parent int64 // the failed batch this part was split from; 0 for the remainder
+	Part   int   // 1-based position among Parent's parts; 0 for the remainder
+}
+
+// PartGroup names part part of failed batch parent in the search of root.
+func PartGroup(root, parent int64, part int) string {
+	return "s" + strconv.FormatInt(root, 10) + "." + strconv.FormatInt(parent, 10) + "." + strconv.Itoa(part)
+}
+
+// RestGroup names the remainder group of the search of root.
+func RestGroup(root int64) string { return "s" + strconv.FormatInt(root, 10) + ".rest" }
+
+// SiblingPrefix is the prefix every part group of failed batch parent (in the search
+// of root) starts with, and no other group does.
+func SiblingPrefix(root, parent int64) string {
+	return "s" + strconv.FormatInt(root, 10) + "." + strconv.FormatInt(parent, 10) + "."
+}
+
+// ParseSearchGroup reads a group name written by PartGroup or RestGroup; ok false for
+// any other group (the ordinary queue "", a retry group, an older release's halves).
+func ParseSearchGroup(name string) (SearchGroup, bool) {
+	rest, ok := strings.CutPrefix(name, "s")
+	if !ok {
+		return SearchGroup{}, false
+	}
+	fields := strings.Split(rest, ".")
+	root, err := strconv.ParseInt(fields[0], 10, 64)
+	if err != nil || root <= 0 {
+		return SearchGroup{}, false
+	}
+	switch {
+	case len(fields) == 2 && fields[1] == "rest":
+		return SearchGroup{Root: root}, true
+	case len(fields) == 3:
+		parent, err1 := strconv.ParseInt(fields[1], 10, 64)
+		part, err2 := strconv.Atoi(fields[2])
+		if err1 != nil || err2 != nil || parent <= 0 || part <= 0 {
+			return SearchGroup{}, false
+		}
+		return SearchGroup{Root: root, Parent: parent, Part: part}, true
+	}
+	return SearchGroup{}, false
+}
+
+// Rest reports whether g is a search's remainder group.
+func (g SearchGroup) Rest() bool { return g.Parent == 0 }
+
+// SplitParts returns the sizes of the parts a failed batch of n members is split
+// into, in queue order: the first half (rounded up), then the first half of what is
+// left, and so on; the last two parts are single members. n < 2: no parts (a lone
+// member is not split). The sizes add up to n; there are about log₂ n + 1 of them.
+func SplitParts(n int) []int {
+	if n < 2 {
+		return nil
+	}
+	var out []int
+	for n > 1 {
+		h := (n + 1) / 2
+		out = append(out, h)
+		n -= h
+	}
+	return append(out, n)
+}

@@ -298,7 +298,9 @@ func TestBisectIsolatesTwoPoisons(t *testing.T) {
 
 	byStatus := e.batchesByStatus()
 	t.Logf("%d failing rounds, %d succeeded batches", byStatus[domain.BatchFailed], byStatus[domain.BatchSucceeded])
-	// The first batch, then one failing chain of 6 rounds per poison.
+	// The first batch, the failing chain of the first half's poison (at most 5 rounds
+	// below the half), the remainder holding the other poison, and its failing chain
+	// (at most 6).
 	if n := byStatus[domain.BatchFailed]; n > 1+2*6 {
 		t.Errorf("%d failing rounds, want at most 13", n)
 	}
@@ -370,7 +372,9 @@ func TestReplicaKilledMidBisection(t *testing.T) {
 			e := newEnv(t, gitlabsim.Options{PipelineDuration: 20 * time.Millisecond}, repo)
 			ids := storetest.InsertQueuedOps(t, e.st, repo, 64)
 			seed := uint64(time.Now().UnixNano())
-			poison := ids[rand.New(rand.NewPCG(seed, 5)).IntN(len(ids))]
+			// In the first half, so the search goes to depth 2 (the first part fails and
+			// is split); a poison in the last parts is found at depth 1.
+			poison := ids[rand.New(rand.NewPCG(seed, 5)).IntN(len(ids)/2)]
 			t.Logf("poison %s (seed %d)", poison, seed)
 			e.poison(poison, "script_failure", 0)
 

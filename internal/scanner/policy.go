@@ -3,13 +3,19 @@ package scanner
 // Failure isolation (issue #9): classify each batch failure from GitLab's state, then
 // decide each member's fate — retry the same members, bisect, or fail with a reason.
 // The decision is pure (this file); the store applies it in one guarded transaction
-// (store.BatchSettleRequeue).
+// (store.BatchSettleIsolate).
 //
 //	class               cause                                      what happens to the members
-//	test                pipeline failed, job failure_reason         bisect: two halves, later rounds take each
-//	                    script_failure                              as its own batch, recursively; a failing
-//	                                                                batch of one member → that member failed
-//	                                                                "culprit"; passing halves merge
+//	test                pipeline failed, job failure_reason         bisect: split into parts (first half, first
+//	                    script_failure                              half of the rest, …; domain.SplitParts),
+//	                                                                later rounds take one part at a time; a
+//	                                                                passing part merges and the next part is
+//	                                                                already the next split (inference); a
+//	                                                                failing part is split again and its later
+//	                                                                siblings deferred to the search's
+//	                                                                remainder, run as one batch at the end; a
+//	                                                                failing batch of one member → that member
+//	                                                                failed "culprit"
 //	infra               pipeline failed for another reason          retry the same members once as one group
 //	                    (runner_system_failure, stuck_or_timeout_   (InfraRetries), no bisection; then failed
 //	                    failure, scheduler_failure, api_failure,    with the class as reason
@@ -31,7 +37,8 @@ package scanner
 // Every requeue of a retry is charged against MaxAttempts (the first try is charged at
 // its claim too); a member whose charged attempts reached MaxAttempts fails with
 // "max_attempts" instead of being retried. Bisection rounds are not charged: they
-// narrow down someone else's failure, and their number is bounded by ⌈log2 batch size⌉.
+// narrow down someone else's failure, and their number is bounded by ⌈log2 batch size⌉
+// per culprit, plus the remainder's run.
 
 import (
 	"fmt"
@@ -106,6 +113,9 @@ type planOutcome struct {
 	bisectedTo int // depth of the halves when bisected
 	culprits   int
 	maxed      int
+	// deferral: the failed part's later siblings, deferred to the search's remainder
+	// in the same settlement (isolate).
+	deferral store.Deferral
 }
 
 // plan decides the fate of each member of failed batch b. ms are the batch's waiting
@@ -151,6 +161,12 @@ func (p policy) retry(b domain.Batch, f failure, ms []store.WaitingMember, retri
 	out := make([]store.MemberFate, len(ms))
 	o := planOutcome{action: "retry"}
 	group := "b" + strconv.FormatInt(b.ID, 10) + ".r"
+	if _, ok := domain.ParseSearchGroup(b.Grp); ok {
+		// A search's part (or remainder) keeps its group, so the search goes on from its
+		// retry: a later failure still defers the right siblings to the right remainder.
+		// Its rows are older than its siblings', so the retry is still claimed next.
+		group = b.Grp
+	}
 	for i, m := range ms {
 		if m.Tries >= p.maxAttempts {
 			detail := fmt.Sprintf("batch %d failed (%s) and the operation has used %d of %d attempts: %s", b.ID, f.class, m.Tries, p.maxAttempts, f.msg)
@@ -173,42 +189,57 @@ func (p policy) retry(b domain.Batch, f failure, ms []store.WaitingMember, retri
 	return out, o
 }
 
-// isolate bisects a failing batch, or names its only member the culprit.
+// isolate splits a failing batch into parts (domain.SplitParts, domain.SearchGroup), or
+// names its only member the culprit; either way, when the batch was a part of a
+// search, its later siblings are deferred to the search's remainder: this part explains
+// its parent's failure, so they are probably good, and they run together once this
+// part's search is over.
 func (p policy) isolate(b domain.Batch, f failure, ms []store.WaitingMember) ([]store.MemberFate, planOutcome) {
+	root := b.ID
+	var d store.Deferral
+	if g, ok := domain.ParseSearchGroup(b.Grp); ok {
+		root = g.Root
+		if !g.Rest() {
+			d = store.Deferral{Repo: b.Repo, Prefix: domain.SiblingPrefix(g.Root, g.Parent), Into: domain.RestGroup(g.Root)}
+		}
+	}
 	if len(ms) == 1 {
 		detail := fmt.Sprintf("alone in batch %d and it still failed (%s: %s)", b.ID, f.class, f.msg)
 		if b.Depth > 0 {
 			detail += fmt.Sprintf(": isolated by bisection at depth %d", b.Depth)
 		}
 		return []store.MemberFate{{OperationID: ms[0].OperationID, Code: domain.ReasonCulprit, Message: detail, Event: EventCulprit, Detail: detail}},
-			planOutcome{action: "culprit", culprits: 1}
+			planOutcome{action: "culprit", culprits: 1, deferral: d}
 	}
 	if !p.bisect {
 		return p.failAll(ms, string(f.class), store.EventMemberFailed, fmt.Sprintf("batch %d failed (%s; bisection is off): %s", b.ID, f.class, f.msg)),
 			planOutcome{action: "fail"}
 	}
-	// Halves in queue order; the first (older) half is claimed first.
+	// Parts in queue order; the first (oldest) part is claimed first, and each later
+	// one only after every earlier one merged.
 	depth := b.Depth + 1
-	cut := (len(ms) + 1) / 2
-	out := make([]store.MemberFate, len(ms))
-	for i, m := range ms {
-		half := 1
-		if i >= cut {
-			half = 2
-		}
-		size := cut
-		if half == 2 {
-			size = len(ms) - cut
-		}
-		out[i] = store.MemberFate{
-			OperationID: m.OperationID, Group: "b" + strconv.FormatInt(b.ID, 10) + "." + strconv.Itoa(half),
-			Kind: domain.KindBisect, Depth: depth, Half: half,
-			Event: EventBisected,
-			Detail: fmt.Sprintf("batch %d failed (%s): bisected into halves of %d and %d; this one is in half %d (%d member(s)), depth %d",
-				b.ID, f.class, cut, len(ms)-cut, half, size, depth),
+	sizes := domain.SplitParts(len(ms))
+	out := make([]store.MemberFate, 0, len(ms))
+	for part, size := range sizes {
+		for _, m := range ms[len(out) : len(out)+size] {
+			out = append(out, store.MemberFate{
+				OperationID: m.OperationID, Group: domain.PartGroup(root, b.ID, part+1),
+				Kind: domain.KindBisect, Depth: depth, Half: part + 1,
+				Event: EventBisected,
+				Detail: fmt.Sprintf("batch %d failed (%s): split into parts of %s; this one is in part %d (%d member(s)), depth %d; each part runs once every earlier one merged",
+					b.ID, f.class, joinInts(sizes), part+1, size, depth),
+			})
 		}
 	}
-	return out, planOutcome{action: "bisect", bisectedTo: depth}
+	return out, planOutcome{action: "bisect", bisectedTo: depth, deferral: d}
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ", ")
 }
 
 func plural(n int, one, many string) string {
@@ -226,6 +257,11 @@ func roundWhy(b domain.Batch) string {
 	}
 	switch {
 	case b.Kind == domain.KindBisect:
+		if g, ok := domain.ParseSearchGroup(b.Grp); ok && g.Rest() {
+			return fmt.Sprintf("remainder of the bisection that started with failed batch %d: the parts deferred while a failing part was searched", g.Root)
+		} else if ok {
+			return fmt.Sprintf("bisection of failed batch %d: part %d, depth %d (every earlier part merged)", parent, g.Part, b.Depth)
+		}
 		half := strings.TrimPrefix(b.Grp, "b"+strconv.FormatInt(parent, 10)+".")
 		return fmt.Sprintf("bisection of failed batch %d: half %s of 2, depth %d", parent, half, b.Depth)
 	case strings.HasPrefix(b.Kind, domain.KindRetryPrefix):

@@ -190,7 +190,7 @@ func (s *Scanner) applyFailure(ctx context.Context, b domain.Batch, f failure, l
 		return b, err
 	}
 	fates, out := s.pol.plan(b, f, members)
-	nb, err := s.st.BatchSettleRequeue(ctx, b.ID, b.Status, b.Version, f.class, truncate(f.msg, 1024), fates)
+	nb, err := s.st.BatchSettleIsolate(ctx, b.ID, b.Status, b.Version, f.class, truncate(f.msg, 1024), fates, out.deferral)
 	if err != nil {
 		return b, err
 	}
@@ -199,9 +199,10 @@ func (s *Scanner) applyFailure(ctx context.Context, b domain.Batch, f failure, l
 	log.Info("batch failed", "class", f.class, "message", f.msg, "operations", nb.Size,
 		"action", out.action, "retried", out.retried, "culprits", out.culprits, "max_attempts", out.maxed,
 		"depth", b.Depth, "kind", b.Kind)
-	// Whatever this settle did, a bisection half or a retry group may be waiting — its
-	// own (retry, bisect) or an earlier one's (this batch was half 1 and its culprit is
-	// now found, so half 2 is next): claim it now, not at the next scheduled round.
+	// Whatever this settle did, a bisection part, a search's remainder or a retry group
+	// may be waiting — its own (retry, bisect) or an earlier one's (this batch's culprit
+	// is now found, so the remainder is next): claim it now, not at the next scheduled
+	// round.
 	// The follow-up claim takes only such groups, never the ordinary queue.
 	s.followUp(ctx, b.Repo)
 	return nb, nil

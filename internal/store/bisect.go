@@ -1,10 +1,12 @@
 package store
 
-// Failure isolation (issue #9): the store side of retry, bisection and quarantine.
+// Failure isolation (issue #9, issue 20): the store side of retry, bisection and quarantine.
 //
 // A failed batch's members either fail (with a reason) or go back to the waiting set in
-// a claim group: a retry of the same members ("b<batch>.r") or one half of a bisection
-// ("b<batch>.1", "b<batch>.2"). Waiting rows keep their created_at, so the group of a
+// a claim group: a retry of the same members ("b<batch>.r", or the search part's own
+// group) or one part of a bisection ("s<root>.<batch>.<part>", domain.SearchGroup); the
+// same settlement may defer the failed part's later siblings into the search's
+// remainder group ("s<root>.rest", Deferral). Waiting rows keep their created_at, so the group of a
 // failed batch is older than anything admitted since and the next claims take it first
 // (bystanders keep their queue position). BatchClaim takes the group of the oldest
 // waiting row only, with the same read, guarded UPDATE and affected-row check as
@@ -39,8 +41,12 @@ func (w waitingRow) why() string {
 		parent = *w.ParentID
 	}
 	switch {
+	case w.Kind == domain.KindBisect && w.Half == 0:
+		// Deferred (Deferral): a sibling of a part that failed, waiting for the end of
+		// that part's search.
+		return fmt.Sprintf("remainder of a bisection: split from failed batch %d, deferred until the failing part's search ended", parent)
 	case w.Kind == domain.KindBisect:
-		return fmt.Sprintf("half %d of failed batch %d, bisection depth %d", w.Half, parent, w.Depth)
+		return fmt.Sprintf("part %d of failed batch %d, bisection depth %d", w.Half, parent, w.Depth)
 	case strings.HasPrefix(w.Kind, domain.KindRetryPrefix):
 		return fmt.Sprintf("retry %d of failed batch %d after a %s failure (attempt %d)",
 			w.Retries, parent, strings.TrimPrefix(w.Kind, domain.KindRetryPrefix), w.Tries+1)
@@ -117,12 +123,56 @@ type MemberFate struct {
 //     (binding unchanged: still pending / revoking); waiting row batch_id NULL with the
 //     group's columns, created_at unchanged — every write guarded and its affected-row
 //     count checked;
+//     3b. the Deferral, if any: other groups' waiting rows into the search's remainder;
 //  4. failed members (those the plan fails, and any locked member the plan does not
 //     mention, which fails with the batch's code): in_batch → failed with their reason,
 //     bindings, then the batch's remaining waiting rows deleted;
 //  5. events, set-based: batch_failed for the batch and every member, then each
 //     member's outcome event.
 func (s *Store) BatchSettleRequeue(ctx context.Context, id int64, from domain.BatchStatus, version int64, class domain.FailureClass, message string, plan []MemberFate) (domain.Batch, error) {
+	return s.BatchSettleIsolate(ctx, id, from, version, class, message, plan, Deferral{})
+}
+
+// Deferral moves waiting rows of other groups in the same settlement: the later parts
+// of the failed part's parent (its siblings, groups starting with Prefix, still
+// waiting) into the search's remainder group Into, created_at, lane, kind, parent and
+// depth kept (domain.SearchGroup). The zero Deferral moves nothing.
+type Deferral struct {
+	Repo   string
+	Prefix string // domain.SiblingPrefix: ends with "."
+	Into   string // domain.RestGroup
+}
+
+// qDeferSiblings moves the still waiting rows of a group-name range of one repository
+// into another group: a range of idx_repo_group_waiting (repo, batch_id IS NULL, grp
+// from the prefix to the prefix with its last byte + 1; the table is utf8mb4_bin, so
+// byte order), locking only the rows it moves (READ COMMITTED). Admissions insert
+// ordinary rows (group "") outside that range (I3).
+const qDeferSiblings = `UPDATE merge_batch_request SET grp = ?, half = 0
+	WHERE repo = ? AND batch_id IS NULL AND grp >= ? AND grp < ?`
+
+// deferSiblings applies d in the settlement's transaction and returns how many waiting
+// rows it moved. No affected-row check: the siblings are whatever still waits (a
+// withdrawal may have taken one); none of them is claimed meanwhile, since the failed
+// batch held the repository's slot until this transaction commits (I1).
+func deferSiblings(ctx context.Context, tx *sqlx.Tx, d Deferral) (int64, error) {
+	if d.Prefix == "" {
+		return 0, nil
+	}
+	hi := d.Prefix[:len(d.Prefix)-1] + string(d.Prefix[len(d.Prefix)-1]+1)
+	r, err := tx.ExecContext(ctx, qDeferSiblings, d.Into, d.Repo, d.Prefix, hi)
+	if err != nil {
+		return 0, err
+	}
+	return r.RowsAffected()
+}
+
+// BatchSettleIsolate is BatchSettleRequeue that also applies a Deferral (step 3b, after
+// the requeue of the batch's own members), in the same transaction.
+func (s *Store) BatchSettleIsolate(ctx context.Context, id int64, from domain.BatchStatus, version int64, class domain.FailureClass, message string, plan []MemberFate, d Deferral) (domain.Batch, error) {
+	if d.Prefix != "" && (!strings.HasSuffix(d.Prefix, ".") || d.Into == "" || d.Repo == "" || len(d.Into) > groupLen) {
+		return domain.Batch{}, fmt.Errorf("store: bad deferral %+v", d)
+	}
 	if !from.Active() {
 		return domain.Batch{}, fmt.Errorf("store: cannot settle a batch as failed from status %s", from)
 	}
@@ -151,10 +201,14 @@ func (s *Store) BatchSettleRequeue(ctx context.Context, id int64, from domain.Ba
 		if err := requeueGroups(ctx, tx, id, sp); err != nil {
 			return err
 		}
+		deferred, err := deferSiblings(ctx, tx, d)
+		if err != nil {
+			return err
+		}
 		if err := failMembers(ctx, tx, id, sp); err != nil {
 			return err
 		}
-		if err := settleFailureEvents(ctx, tx, id, ops, len(members), sp, fates, code, message); err != nil {
+		if err := settleFailureEvents(ctx, tx, id, ops, len(members), sp, fates, code, message, d, deferred); err != nil {
 			return err
 		}
 		if b, err = getBatch(ctx, tx, id); err != nil {
@@ -257,11 +311,14 @@ func failMembers(ctx context.Context, tx *sqlx.Tx, id int64, sp settlePlan) erro
 // settleFailureEvents is step 5: batch_failed for the batch and every member, then each
 // member's outcome event.
 func settleFailureEvents(ctx context.Context, tx *sqlx.Tx, id int64, ops []settledOp, nMembers int, sp settlePlan,
-	fates map[string]MemberFate, code, message string) error {
+	fates map[string]MemberFate, code, message string, d Deferral, deferred int64) error {
 	batchDetail := fmt.Sprintf("%s: %s; %d of %d member(s): %d failed, %d requeued", code, message,
 		len(ops), nMembers, len(sp.failed), len(ops)-len(sp.failed))
 	for _, g := range sp.names {
 		batchDetail += fmt.Sprintf("; group %s: %d", g, len(sp.groups[g]))
+	}
+	if deferred > 0 {
+		batchDetail += fmt.Sprintf("; %d waiting member(s) of groups %s* deferred to %s", deferred, d.Prefix, d.Into)
 	}
 	if err := recordBatchEvent(ctx, tx, id, EventBatchFailed, "failed", batchDetail); err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -156,7 +157,7 @@ func TestRequeueBisectionHalvesKeepQueuePosition(t *testing.T) {
 	}
 	var why string
 	_ = st.DB().Get(&why, "SELECT why FROM merge_batch_member WHERE batch_id = ? LIMIT 1", h1.BatchID)
-	if why != fmt.Sprintf("half 1 of failed batch %d, bisection depth 1", b.ID) {
+	if why != fmt.Sprintf("part 1 of failed batch %d, bisection depth 1", b.ID) {
 		t.Fatalf("member why %q", why)
 	}
 	reasons, err := st.BatchMemberReasons(ctx, h1.BatchID)
@@ -276,5 +277,142 @@ func TestBatchMarkFailing(t *testing.T) {
 	}
 	if _, err := st.BatchMarkFailing(ctx, b.ID, b.Version, "infra"); !errors.Is(err, store.ErrLostRace) {
 		t.Fatalf("stale mark = %v, want ErrLostRace", err)
+	}
+}
+
+// A failing part of a search defers its later siblings to the search's remainder in
+// its own settlement: they leave their part groups for the remainder group, queue
+// position kept, and the claims then take the failing part's parts first, the
+// remainder once they are done, and what was admitted meanwhile last. A settlement that
+// lost its race defers nothing; another repository's rows are never touched.
+func TestDeferSiblingsToRemainder(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := context.Background()
+	const repo, other = "g/defer", "g/defer-other"
+	ids := storetest.InsertQueuedOps(t, st, repo, 8)
+	p := btClaim(t, st, repo, 100, store.ClaimClaimed)
+	before := waitingCreated(t, st, ids)
+	time.Sleep(5 * time.Millisecond)
+	newer := storetest.InsertQueuedOps(t, st, repo, 2)
+	ms, err := st.BatchWaitingMembers(ctx, p.BatchID)
+	if err != nil || len(ms) != 8 {
+		t.Fatalf("BatchWaitingMembers = %d, %v", len(ms), err)
+	}
+	// The batch of 8 failed: parts of 4, 2, 1, 1.
+	var plan []store.MemberFate
+	for i, part := range []int{1, 1, 1, 1, 2, 2, 3, 4} {
+		plan = append(plan, store.MemberFate{OperationID: ms[i].OperationID, Group: domain.PartGroup(p.BatchID, p.BatchID, part),
+			Kind: domain.KindBisect, Depth: 1, Half: part, Event: "bisected"})
+	}
+	if _, err := st.BatchSettleIsolate(ctx, p.BatchID, domain.BatchRunning, 1, "test", "failed", plan, store.Deferral{}); err != nil {
+		t.Fatal(err)
+	}
+	// Another repository's waiting row in a group of the same name stays where it is.
+	stranger := storetest.InsertQueuedOps(t, st, other, 1)
+	if _, err := st.DB().Exec("UPDATE merge_batch_request SET grp = ?, kind = 'bisect' WHERE operation_id = ?",
+		domain.PartGroup(p.BatchID, p.BatchID, 2), stranger[0]); err != nil {
+		t.Fatal(err)
+	}
+	a, err := st.BatchClaimFollowUp(ctx, repo, 100)
+	if err != nil || a.Group != domain.PartGroup(p.BatchID, p.BatchID, 1) || len(a.OperationIDs) != 4 {
+		t.Fatalf("part 1 claim = %+v, %v", a, err)
+	}
+	// Part 1 fails too: its own parts of 2, 1, 1, and parts 2-4 of the batch of 8 are
+	// deferred. First a settlement that lost its race: nothing moves.
+	var aplan []store.MemberFate
+	for i, part := range []int{1, 1, 2, 3} {
+		aplan = append(aplan, store.MemberFate{OperationID: a.OperationIDs[i], Group: domain.PartGroup(p.BatchID, a.BatchID, part),
+			Kind: domain.KindBisect, Depth: 2, Half: part, Event: "bisected"})
+	}
+	d := store.Deferral{Repo: repo, Prefix: domain.SiblingPrefix(p.BatchID, p.BatchID), Into: domain.RestGroup(p.BatchID)}
+	if _, err := st.BatchSettleIsolate(ctx, a.BatchID, domain.BatchRunning, 99, "test", "failed", aplan, d); !errors.Is(err, store.ErrLostRace) {
+		t.Fatalf("stale settle = %v, want ErrLostRace", err)
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM merge_batch_request WHERE grp = ?", d.Into); n != 0 {
+		t.Fatalf("a lost settlement deferred %d rows", n)
+	}
+	if _, err := st.BatchSettleIsolate(ctx, a.BatchID, domain.BatchRunning, 1, "test", "failed", aplan, d); err != nil {
+		t.Fatal(err)
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM merge_batch_request WHERE repo = ? AND batch_id IS NULL AND grp = ? AND half = 0 AND kind = 'bisect' AND depth = 1 AND parent_id = ?",
+		repo, d.Into, p.BatchID); n != 4 {
+		t.Fatalf("%d rows deferred to %s, want 4", n, d.Into)
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM merge_batch_request WHERE operation_id = ? AND grp = ?", stranger[0], domain.PartGroup(p.BatchID, p.BatchID, 2)); n != 1 {
+		t.Fatal("the deferral moved another repository's row")
+	}
+	var detail string
+	if err := st.DB().Get(&detail, "SELECT detail FROM audit_event WHERE batch_id = ? AND code = 'batch_failed' AND operation_id IS NULL", a.BatchID); err != nil ||
+		!strings.Contains(detail, "4 waiting member(s) of groups "+d.Prefix+"* deferred to "+d.Into) {
+		t.Fatalf("batch event %q, %v", detail, err)
+	}
+	for id, ts := range waitingCreated(t, st, ids[4:]) {
+		if !ts.Equal(before[id]) {
+			t.Fatalf("deferred %s moved in the queue: %s → %s", id, before[id], ts)
+		}
+	}
+	// Claims: part 1 of part 1 (2), its parts 2 and 3 (1 each), then the remainder (4),
+	// then the newer ordinary rows. Each passes.
+	pass := func(want string, n int, follow bool) store.ClaimResult {
+		t.Helper()
+		var r store.ClaimResult
+		if follow {
+			r, err = st.BatchClaimFollowUp(ctx, repo, 100)
+		} else {
+			r, err = st.BatchClaim(ctx, repo, 100)
+		}
+		if err != nil || r.Outcome != store.ClaimClaimed || r.Group != want || len(r.OperationIDs) != n {
+			t.Fatalf("claim = %+v, %v; want group %q of %d", r, err, want, n)
+		}
+		if _, err := st.BatchSettleSucceeded(ctx, r.BatchID, domain.BatchRunning, 1); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	pass(domain.PartGroup(p.BatchID, a.BatchID, 1), 2, true)
+	pass(domain.PartGroup(p.BatchID, a.BatchID, 2), 1, true)
+	pass(domain.PartGroup(p.BatchID, a.BatchID, 3), 1, true)
+	rest := pass(d.Into, 4, true)
+	if !slices.Equal(rest.OperationIDs, ms2ids(ms[4:])) {
+		t.Fatalf("remainder %v, want %v", rest.OperationIDs, ms2ids(ms[4:]))
+	}
+	var why string
+	_ = st.DB().Get(&why, "SELECT why FROM merge_batch_member WHERE batch_id = ? LIMIT 1", rest.BatchID)
+	if !strings.HasPrefix(why, "remainder of a bisection") {
+		t.Fatalf("remainder member why %q", why)
+	}
+	if r, err := st.BatchClaimFollowUp(ctx, repo, 100); err != nil || r.Outcome != store.ClaimNothingToClaim {
+		t.Fatalf("follow-up with only the ordinary queue waiting = %+v, %v", r, err)
+	}
+	last := pass("", 2, false)
+	if !slices.Equal(last.OperationIDs, newer) {
+		t.Fatalf("ordinary claim %v, want %v", last.OperationIDs, newer)
+	}
+}
+
+func ms2ids(ms []store.WaitingMember) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.OperationID
+	}
+	return out
+}
+
+// The deferral's UPDATE is a range of idx_repo_group_waiting: it reads (and, under READ
+// COMMITTED, locks) only the rows it moves, never the ordinary queue admissions write.
+func TestExplainDeferSiblings(t *testing.T) {
+	st, _ := storetest.New(t)
+	for r := range 5 {
+		storetest.InsertQueuedOps(t, st, fmt.Sprintf("g/explain-%d", r), 200)
+	}
+	if _, err := st.DB().Exec("UPDATE merge_batch_request SET grp = CONCAT('s1.1.', id % 7), kind = 'bisect' WHERE id % 3 = 0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.DB().Exec("ANALYZE TABLE merge_batch_request"); err != nil {
+		t.Fatal(err)
+	}
+	rows := btExplain(t, st, store.QDeferSiblings, "s1.rest", "g/explain-2", "s1.1.", "s1.1/")
+	if len(rows) != 1 || rows[0].Key != "idx_repo_group_waiting" || rows[0].Type != "range" {
+		t.Fatalf("deferral plan %+v, want a range of idx_repo_group_waiting", rows)
 	}
 }
