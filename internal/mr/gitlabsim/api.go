@@ -162,26 +162,19 @@ func createCommit(s *Sim, q *req) (*reply, *apiError) {
 	if len(rawActions) == 0 {
 		return nil, validationErr("actions is empty")
 	}
+	_, hasStartBranch := q.params["start_branch"]
+	if _, hasStartSHA := q.params["start_sha"]; hasStartBranch && hasStartSHA {
+		return nil, validationErr("start_branch, start_sha are mutually exclusive")
+	}
 	if q.proj.protected[branch] {
 		return nil, msgErr(http.StatusForbidden, "403 Forbidden - You are not allowed to push into this branch")
 	}
 	if s.opts.MaxActionsPerCommit > 0 && len(rawActions) > s.opts.MaxActionsPerCommit {
 		return nil, msgErr(http.StatusBadRequest, fmt.Sprintf("Too many actions: the simulator accepts at most %d per commit", s.opts.MaxActionsPerCommit))
 	}
-	head, exists := q.proj.branches[branch]
-	if !exists {
-		start, hasStart := q.str("start_branch")
-		if !hasStart {
-			start, hasStart = q.str("start_sha")
-		}
-		if !hasStart {
-			return nil, msgErr(http.StatusBadRequest, "You can only create or edit files when you are on a branch")
-		}
-		sha, found := s.resolveRef(q.proj, start)
-		if !found {
-			return nil, msgErr(http.StatusBadRequest, "Invalid reference name: "+start)
-		}
-		head = sha
+	head, e := s.commitStart(q, branch)
+	if e != nil {
+		return nil, e
 	}
 	files := maps.Clone(s.commits[head].files)
 	for i, ra := range rawActions {
@@ -257,6 +250,64 @@ func createCommit(s *Sim, q *req) (*reply, *apiError) {
 	}
 	s.recheckBranch(q.proj, branch)
 	return ok(http.StatusCreated, s.commitJSON(q.proj, c, true))
+}
+
+// commitStart is the commit a new commit on branch starts from, checked as GitLab's
+// Commits::CreateService validates it (validate_start_sha!, validate_on_branch!,
+// validate_branch_existence!, validate_new_branch_name!), each refusal a 400:
+//
+//   - without start_branch and start_sha the start is branch itself, which must exist;
+//   - start_sha must be a full commit id of a commit the repository has;
+//   - start_branch must exist;
+//   - starting from anything else than branch itself (another start_branch, any
+//     start_sha — even branch's own head) creates branch, so branch must not exist,
+//     unless force, which points the existing branch at the new commit;
+//   - and the branch name must be valid.
+func (s *Sim) commitStart(q *req, branch string) (string, *apiError) {
+	startBranch, hasStartBranch := q.str("start_branch")
+	startSHA, hasStartSHA := q.str("start_sha")
+	if !hasStartBranch && !hasStartSHA {
+		startBranch = branch // the API's default: attrs[:start_branch] ||= attrs[:branch_name]
+	}
+	var start string
+	if hasStartSHA {
+		if !isCommitID(startSHA) {
+			return "", msgErr(http.StatusBadRequest, "Invalid start_sha '"+startSHA+"'")
+		}
+		start = strings.ToLower(startSHA)
+		if s.commits[start] == nil {
+			return "", msgErr(http.StatusBadRequest, "Cannot find start_sha '"+startSHA+"'")
+		}
+	} else {
+		sha, ok := q.proj.branches[startBranch]
+		if !ok {
+			return "", msgErr(http.StatusBadRequest, "You can only create or edit files when you are on a branch")
+		}
+		start = sha
+	}
+	if hasStartSHA || startBranch != branch {
+		if _, exists := q.proj.branches[branch]; exists && !q.boolean("force") {
+			return "", msgErr(http.StatusBadRequest, "A branch called '"+branch+"' already exists. Switch to that branch in order to make changes")
+		}
+		if !validBranchName(branch) {
+			return "", msgErr(http.StatusBadRequest, "Something went wrong when we tried to create '"+branch+"' for you: Branch name is invalid")
+		}
+	}
+	return start, nil
+}
+
+// isCommitID: a full commit id, 40 (SHA-1) or 64 (SHA-256) hex digits
+// (Gitlab::Git.commit_id?); a short sha or a branch name is not one.
+func isCommitID(s string) bool {
+	if len(s) != 40 && len(s) != 64 {
+		return false
+	}
+	for _, r := range s {
+		if !strings.ContainsRune("0123456789abcdefABCDEF", r) {
+			return false
+		}
+	}
+	return true
 }
 
 func hasDirPrefix(files map[string]string, p string) bool {

@@ -148,6 +148,88 @@ func TestBranchesCommitsAndErrors(t *testing.T) {
 	want(t, call(t, sim, "GET", api("/repository/commits/0123456789abcdef"), nil), 404, `{"message":"404 Commit Not Found"}`)
 }
 
+// TestCommitStartsABranch: the commits API creates the branch it commits into from
+// start_branch or start_sha, with GitLab's answers (lib/api/commits.rb and
+// Commits::CreateService's validations) when it cannot; the push of the new branch
+// runs one pipeline, the commit's — as creating a branch through the branches API
+// runs one, on the commit it starts from.
+func TestCommitStartsABranch(t *testing.T) {
+	sim := gitlabsim.StartTest(t, gitlabsim.Options{Projects: []string{proj}, ManualPipelines: true})
+	mainHead, _, _ := sim.HeadCommit(proj, "main")
+	commit := func(params map[string]any, path string) answer {
+		body := map[string]any{"commit_message": "msg", "actions": []map[string]any{{"action": "create", "file_path": path, "content": "x"}}}
+		for k, v := range params {
+			body[k] = v
+		}
+		return call(t, sim, "POST", api("/repository/commits"), body)
+	}
+	parents := func(a answer) []any { return a.obj(t)["parent_ids"].([]any) }
+
+	// start_branch: the new branch starts at main's head, with one pipeline.
+	c := commit(map[string]any{"branch": "b1", "start_branch": "main"}, "a")
+	want(t, c, 201, "")
+	if p := parents(c); len(p) != 1 || p[0] != mainHead {
+		t.Fatalf("parents %v, want main's head %s", p, mainHead)
+	}
+	if head, _, _ := sim.HeadCommit(proj, "b1"); head != c.obj(t)["id"] {
+		t.Fatalf("b1 is at %s, want the new commit", head)
+	}
+	// start_sha: the same from a commit id.
+	c = commit(map[string]any{"branch": "b2", "start_sha": mainHead}, "a")
+	want(t, c, 201, "")
+	if p := parents(c); len(p) != 1 || p[0] != mainHead {
+		t.Fatalf("parents %v, want %s", p, mainHead)
+	}
+	for _, b := range []string{"b1", "b2"} {
+		if n, _ := sim.PipelineCount(proj, b); n != 1 {
+			t.Errorf("branch %s created by a commit ran %d pipelines, want 1", b, n)
+		}
+	}
+	want(t, call(t, sim, "POST", api("/repository/branches"), map[string]any{"branch": "b3", "ref": "main"}), 201, "")
+	if n, _ := sim.PipelineCount(proj, "b3"); n != 1 {
+		t.Errorf("branch created through the branches API ran %d pipelines, want 1", n)
+	}
+
+	// Starting from anything but the branch itself creates it: refused when it exists.
+	exists := `{"message":"A branch called 'b1' already exists. Switch to that branch in order to make changes"}`
+	want(t, commit(map[string]any{"branch": "b1", "start_branch": "main"}, "b"), 400, exists)
+	want(t, commit(map[string]any{"branch": "b1", "start_sha": mainHead}, "b"), 400, exists)
+	b1, _, _ := sim.HeadCommit(proj, "b1")
+	want(t, commit(map[string]any{"branch": "b1", "start_sha": b1}, "b"), 400, exists)
+	// start_branch = branch is a commit onto it, as is no start at all.
+	want(t, commit(map[string]any{"branch": "b1", "start_branch": "b1"}, "b"), 201, "")
+	want(t, commit(map[string]any{"branch": "b1"}, "c"), 201, "")
+	if n := sim.CommitCount(proj, "b1"); n != 3 {
+		t.Fatalf("b1 has %d commits, want 3", n)
+	}
+	// force points the existing branch at a new commit on the start.
+	c = commit(map[string]any{"branch": "b1", "start_sha": mainHead, "force": true}, "d")
+	want(t, c, 201, "")
+	if n := sim.CommitCount(proj, "b1"); n != 1 {
+		t.Fatalf("b1 has %d commits after a forced commit, want 1", n)
+	}
+
+	// The start must exist and be a start; the new branch's name must be valid.
+	want(t, commit(map[string]any{"branch": "b4", "start_branch": "nope"}, "a"), 400, `{"message":"You can only create or edit files when you are on a branch"}`)
+	want(t, commit(map[string]any{"branch": "b4"}, "a"), 400, `{"message":"You can only create or edit files when you are on a branch"}`)
+	want(t, commit(map[string]any{"branch": "b4", "start_sha": "main"}, "a"), 400, `{"message":"Invalid start_sha 'main'"}`)
+	want(t, commit(map[string]any{"branch": "b4", "start_sha": mainHead[:12]}, "a"), 400, `{"message":"Invalid start_sha '`+mainHead[:12]+`'"}`)
+	want(t, commit(map[string]any{"branch": "b4", "start_sha": strings.Repeat("0", 40)}, "a"), 400, `{"message":"Cannot find start_sha '`+strings.Repeat("0", 40)+`'"}`)
+	want(t, commit(map[string]any{"branch": "b4", "start_branch": "main", "start_sha": mainHead}, "a"), 400, `{"error":"start_branch, start_sha are mutually exclusive"}`)
+	want(t, commit(map[string]any{"branch": "b4..x", "start_branch": "main"}, "a"), 400, `{"message":"Something went wrong when we tried to create 'b4..x' for you: Branch name is invalid"}`)
+	// The file actions apply to the start's tree: a refused one creates no branch.
+	main := map[string]any{"branch": "b5", "start_branch": "main"}
+	want(t, commit(main, "README.md"), 400, `{"message":"A file with this name already exists"}`)
+	if _, made := sim.Branches(proj)["b5"]; made {
+		t.Fatal("a refused commit created its branch")
+	}
+	for _, b := range []string{"b4", "b4..x", "b5"} {
+		if n, _ := sim.PipelineCount(proj, b); n != 0 {
+			t.Errorf("refused commit into %s ran %d pipelines", b, n)
+		}
+	}
+}
+
 func TestTreePagination(t *testing.T) {
 	sim := gitlabsim.StartTest(t, gitlabsim.Options{Projects: []string{proj}})
 	call(t, sim, "POST", api("/repository/branches"), map[string]any{"branch": "b", "ref": "main"})
