@@ -216,14 +216,9 @@ func RunIsolation(ctx context.Context, c IsolationCase) (IsolationResult, error)
 	}
 	res.Batches = len(branches)
 	for _, b := range branches {
-		// The first pipeline of a batch branch is the push of its creation (EnsureBranch
-		// from the target head): it tests the target, not the batch, and batcherd never
-		// reads it. It is counted apart (BranchRuns): a real GitLab runs it too.
+		// Every pipeline of a batch branch is a batch commit's: the branch is created by
+		// the batch's commit (mr.CommitFiles), so none runs for its creation alone.
 		n, _ := sim.PipelineCount(repo, b)
-		if n > 0 {
-			res.BranchRuns++
-			n--
-		}
 		res.Runs += n
 	}
 	for _, call := range sim.Calls() {

@@ -199,7 +199,11 @@ func projectPath(project string, rest ...string) string {
 	return p
 }
 
-// EnsureBranch creates branch from ref; an existing branch is fine.
+// EnsureBranch creates branch from ref; an existing branch is fine. Publish does not
+// use it: a batch branch is created by its commit (CommitFiles), because GitLab runs a
+// pipeline for every branch it creates, and one created from ref runs a pipeline on
+// ref's head that tests nothing of the batch. It is for branches without a batch
+// commit (tests, tools).
 func (c *Client) EnsureBranch(ctx context.Context, project, branch, ref string) error {
 	if ref == "" {
 		ref = c.cfg.TargetBranch

@@ -1,6 +1,7 @@
 package mr
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,39 +42,72 @@ type Commit struct {
 // carries them the commit was made before (answer lost) and its sha is returned without
 // a new commit.
 //
-// Create vs update is decided from one tree listing of the branch, and a delete of a
-// file the branch does not have is dropped (the revoke's goal is already true). When
-// every action is dropped no commit is made and the result is Empty.
+// A branch that does not exist yet is created by its first commit, started from the
+// head of branch from ("" = the configured target branch) as read once: the commits
+// API's start_sha, so the tree listed for create vs update is the tree the commit
+// applies to. Creating the branch on its own first (POST …/repository/branches) makes
+// GitLab run a pipeline for the push of the new branch — on the target's head, which
+// tests nothing of the batch — and pipelines are what a batch waits for: created with
+// its commit, a batch branch runs one pipeline, its commit's. A crash after that commit
+// leaves the branch with the batch's trailers on its head, which the next call finds
+// above; no batch branch ever exists without a batch commit on it.
+//
+// Create vs update is decided from one tree listing of the branch (of the start commit
+// while the branch does not exist), and a delete of a file the branch does not have is
+// dropped (the revoke's goal is already true). When every action is dropped no commit
+// is made, no branch is created, and the result is Empty with the start's sha.
 //
 // A batch larger than MaxActionsPerCommit / MaxCommitBytes becomes several commits,
 // each carrying the batch trailer and "Batcherd-Chunk: k/n"; the split depends only on
 // the input, so a call interrupted after chunk k resumes at chunk k+1.
-func (c *Client) CommitFiles(ctx context.Context, project, branch string, batchID int64, message string, files []FileAction) (Commit, error) {
+func (c *Client) CommitFiles(ctx context.Context, project, branch, from string, batchID int64, message string, files []FileAction) (Commit, error) {
+	commit, err := c.commitFiles(ctx, project, branch, from, batchID, message, files)
+	if errors.Is(err, errBranchAppeared) {
+		// Someone created the branch between our read and our commit (another
+		// replica resuming this batch, whose commit the read now finds, or a
+		// human): once more, on the branch as it is now.
+		commit, err = c.commitFiles(ctx, project, branch, from, batchID, message, files)
+	}
+	if errors.Is(err, errBranchAppeared) {
+		return Commit{}, &Error{Op: "create_branch", Class: ClassTransient, Message: "the branch " + branch + " appeared and vanished while it was being created"}
+	}
+	return commit, err
+}
+
+// errBranchAppeared: the commit meant to create the branch found it already there.
+var errBranchAppeared = errors.New("mr: the branch was created meanwhile")
+
+func (c *Client) commitFiles(ctx context.Context, project, branch, from string, batchID int64, message string, files []FileAction) (Commit, error) {
 	owner := ownerOf(branch, batchID)
 	plan := c.planChunks(files)
 	head, found, err := c.getBranch(ctx, project, branch)
 	if err != nil {
 		return Commit{}, err
 	}
-	if !found || head.Commit == nil {
-		return Commit{}, &Error{Op: "commit_files", Class: ClassNotFound, Status: http.StatusNotFound, Message: "404 Branch Not Found"}
-	}
 	start, committed := 0, false
-	if tr := readTrailers(head.Commit); tr.carries(owner) {
-		k, n := tr.k, tr.n
-		committed = true // an earlier call made (some of) the batch's commits
-		switch {
-		case n <= 1 || k >= n:
-			return Commit{SHA: head.Commit.ID}, nil
-		case n == len(plan):
-			start = k
-		default:
-			// The split changed between attempts (configuration changed): redo every
-			// chunk. Tree-based create/update and dropped deletes make that safe.
-			start = 0
+	var start0, create string // create: the start sha of a branch the first commit creates
+	if found && head.Commit != nil {
+		start0 = head.Commit.ID
+		if tr := readTrailers(head.Commit); tr.carries(owner) {
+			k, n := tr.k, tr.n
+			committed = true // an earlier call made (some of) the batch's commits
+			switch {
+			case n <= 1 || k >= n:
+				return Commit{SHA: head.Commit.ID}, nil
+			case n == len(plan):
+				start = k
+			default:
+				// The split changed between attempts (configuration changed): redo every
+				// chunk. Tree-based create/update and dropped deletes make that safe.
+				start = 0
+			}
 		}
+	} else {
+		if start0, err = c.startOf(ctx, project, from); err != nil {
+			return Commit{}, err
+		}
+		create = start0
 	}
-	start0 := head.Commit.ID
 	sha := start0
 	if start >= len(plan) {
 		return Commit{SHA: sha, Empty: !committed}, nil
@@ -82,17 +116,35 @@ func (c *Client) CommitFiles(ctx context.Context, project, branch string, batchI
 	for _, ch := range plan[start:] {
 		pending = append(pending, ch...)
 	}
-	existing, err := c.existingFor(ctx, project, branch, pending)
+	existing, err := c.existingFor(ctx, project, cmp.Or(create, branch), pending)
 	if err != nil {
 		return Commit{}, err
 	}
 	for i := start; i < len(plan); i++ {
-		sha, err = c.commitChunk(ctx, project, branch, owner, message, plan, i, existing, sha)
+		next, err := c.commitChunk(ctx, project, branch, create, owner, message, plan, i, existing, sha)
 		if err != nil {
 			return Commit{}, err
 		}
+		if next != sha {
+			create = "" // the branch exists now: later chunks commit onto it
+		}
+		sha = next
 	}
 	return Commit{SHA: sha, Empty: !committed && sha == start0}, nil
+}
+
+// startOf is the head sha of branch from ("" = the configured target branch), where a
+// new batch branch starts.
+func (c *Client) startOf(ctx context.Context, project, from string) (string, error) {
+	from = cmp.Or(from, c.cfg.TargetBranch)
+	b, found, err := c.getBranch(ctx, project, from)
+	if err != nil {
+		return "", err
+	}
+	if !found || b.Commit == nil || b.Commit.ID == "" {
+		return "", &Error{Op: "commit_files", Class: ClassNotFound, Status: http.StatusNotFound, Message: "404 Branch Not Found: the start branch " + from}
+	}
+	return b.Commit.ID, nil
 }
 
 // planChunks sorts and de-duplicates the actions (the last action on a path wins, as
@@ -130,32 +182,49 @@ func (c *Client) planChunks(files []FileAction) [][]FileAction {
 	return plan
 }
 
-// commitChunk commits chunk i of plan and returns the new head sha.
-func (c *Client) commitChunk(ctx context.Context, project, branch string, owner Owner, message string, plan [][]FileAction, i int, existing map[string]bool, head string) (string, error) {
+// commitChunk commits chunk i of plan and returns the new head sha. create, when set,
+// is the sha the branch does not exist yet and starts from: this commit creates it.
+func (c *Client) commitChunk(ctx context.Context, project, branch, create string, owner Owner, message string, plan [][]FileAction, i int, existing map[string]bool, head string) (string, error) {
 	msg := commitMessage(message, owner, i+1, len(plan))
 	for attempt := 0; ; attempt++ {
 		actions := buildActions(plan[i], existing)
 		if len(actions) == 0 {
 			return head, nil
 		}
-		var commit glCommit
-		err := c.raw(ctx, "create_commit", http.MethodPost, projectPath(project, "repository/commits"), &gitlab.CreateCommitOptions{
+		opt := &gitlab.CreateCommitOptions{
 			Branch:        &branch,
 			CommitMessage: &msg,
 			Actions:       actions,
-		}, &commit)
+		}
+		if create != "" {
+			opt.StartSHA = &create
+		}
+		var commit glCommit
+		err := c.raw(ctx, "create_commit", http.MethodPost, projectPath(project, "repository/commits"), opt, &commit)
 		if err == nil {
 			applyExisting(plan[i], existing)
 			return commit.ID, nil
 		}
 		if ClassOf(err) == ClassTransient {
-			// GitLab may have made the commit and lost the answer: the branch head
-			// then carries this chunk's trailers.
+			// GitLab may have made the commit (and created the branch) and lost the
+			// answer: the branch head then carries this chunk's trailers.
 			if b, found, gerr := c.getBranch(ctx, project, branch); gerr == nil && found && b.Commit != nil {
 				if tr := readTrailers(b.Commit); tr.carries(owner) && (tr.k == i+1 || (tr.n <= 1 && len(plan) == 1)) {
 					applyExisting(plan[i], existing)
 					return b.Commit.ID, nil
 				}
+			}
+			return "", err
+		}
+		if branchRefusal(err) {
+			if create != "" && messageContains(err, "already exists") {
+				return "", errBranchAppeared
+			}
+			// About the branch or the start, not the batch's content: never a content
+			// refusal (IsContentRefusal), which would fail the batch for it.
+			var e *Error
+			if errors.As(err, &e) {
+				e.Op = "create_branch"
 			}
 			return "", err
 		}
@@ -166,7 +235,7 @@ func (c *Client) commitChunk(ctx context.Context, project, branch string, owner 
 		}
 		// Our listing disagreed with the branch (a lagging replica of the tree, or a
 		// human pushed to the batch branch): list once more and retry.
-		fresh, lerr := c.existingFor(ctx, project, branch, plan[i])
+		fresh, lerr := c.existingFor(ctx, project, cmp.Or(create, branch), plan[i])
 		if lerr != nil {
 			return "", lerr
 		}
@@ -174,6 +243,25 @@ func (c *Client) commitChunk(ctx context.Context, project, branch string, owner 
 			existing[f.Path] = fresh[f.Path]
 		}
 	}
+}
+
+// branchRefusal: GitLab refused the commit for its branch or start, not for its files
+// (Commits::CreateService's validations, all 400): the branch to create exists ("A
+// branch called '…' already exists. Switch to that branch…"), the branch to commit
+// onto does not ("You can only create or edit files when you are on a branch", a
+// human deleted it between two chunks), the start_sha ("Invalid start_sha",
+// "Cannot find start_sha"), or the new branch's name ("Something went wrong when we
+// tried to create '…' for you: …", a push rule).
+func branchRefusal(err error) bool {
+	if !isStatus(err, http.StatusBadRequest) {
+		return false
+	}
+	for _, m := range []string{"a branch called", "when you are on a branch", "start_sha", "start_branch", "tried to create"} {
+		if messageContains(err, m) {
+			return true
+		}
+	}
+	return false
 }
 
 func buildActions(files []FileAction, existing map[string]bool) []*gitlab.CommitActionOptions {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -76,14 +77,12 @@ func wantClass(t *testing.T, err error, class mr.Class, status int) *mr.Error {
 	return e
 }
 
-// publish runs the scanner's publish sequence for one batch.
+// publish runs the scanner's publish sequence for one batch: the commit (which creates
+// the branch), then the MR.
 func publish(t *testing.T, c *mr.Client, batch int64, files []mr.FileAction) (mr.MergeRequest, string) {
 	t.Helper()
 	branch := fmt.Sprintf("batcherd/batch-%d", batch)
-	if err := c.EnsureBranch(ctx(t), proj, branch, "main"); err != nil {
-		t.Fatal(err)
-	}
-	sha := must(c.CommitFiles(ctx(t), proj, branch, batch, fmt.Sprintf("batcherd: batch %d", batch), files)).SHA
+	sha := must(c.CommitFiles(ctx(t), proj, branch, "main", batch, fmt.Sprintf("batcherd: batch %d", batch), files)).SHA
 	m := must(c.EnsureMR(ctx(t), proj, mr.MRSpec{
 		SourceBranch: branch, BatchID: batch, TargetBranch: "main", Title: fmt.Sprintf("batcherd: batch %d", batch),
 		Description: fmt.Sprintf("Batch %d", batch), Labels: []string{"access"},
@@ -162,23 +161,170 @@ func TestCommitFilesIsIdempotentByTrailer(t *testing.T) {
 		t.Fatal(err)
 	}
 	files := []mr.FileAction{grant("alice", "db")}
-	first := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-7", 7, "batch 7", files))
-	again := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-7", 7, "batch 7", files))
+	first := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-7", "", 7, "batch 7", files))
+	again := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-7", "", 7, "batch 7", files))
 	if first != again || first.Empty || sim.CommitCount(proj, "batcherd/batch-7") != 1 {
 		t.Fatalf("second call made another commit: %+v vs %+v, %d commits", first, again, sim.CommitCount(proj, "batcherd/batch-7"))
 	}
-	// A batch of nothing but deletes of missing files makes no commit.
+	// A batch of nothing but deletes of missing files makes no commit, on a branch that
+	// exists and on one that does not (which it then does not create).
 	if err := c.EnsureBranch(ctx(t), proj, "batcherd/batch-8", ""); err != nil {
 		t.Fatal(err)
 	}
 	head, _, _ := sim.HeadCommit(proj, "batcherd/batch-8")
-	noop := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-8", 8, "batch 8", []mr.FileAction{{Path: "bindings/x/y.yaml", Delete: true}}))
+	noop := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-8", "", 8, "batch 8", []mr.FileAction{{Path: "bindings/x/y.yaml", Delete: true}}))
 	if noop.SHA != head || !noop.Empty || sim.CommitCount(proj, "batcherd/batch-8") != 0 {
 		t.Fatalf("a no-op batch committed: %+v vs %s", noop, head)
 	}
-	// A commit to a missing branch is "not found".
-	_, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-404", 404, "x", files)
+	mainHead, _, _ := sim.HeadCommit(proj, "main")
+	noop = must(c.CommitFiles(ctx(t), proj, "batcherd/batch-9", "", 9, "batch 9", []mr.FileAction{{Path: "bindings/x/y.yaml", Delete: true}}))
+	if _, made := sim.Branches(proj)["batcherd/batch-9"]; noop.SHA != mainHead || !noop.Empty || made {
+		t.Fatalf("a no-op batch without a branch: %+v (main %s), branch made: %v", noop, mainHead, made)
+	}
+	// A branch that does not exist starts from the start branch, which must exist.
+	_, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-404", "no-such-branch", 404, "x", files)
 	wantClass(t, err, mr.ClassNotFound, http.StatusNotFound)
+	if _, made := sim.Branches(proj)["batcherd/batch-404"]; made {
+		t.Fatal("a commit from a missing start branch created the branch")
+	}
+}
+
+// TestBatchBranchIsCreatedByItsCommit: the batch branch is created by the batch's
+// commit, from the target's head, so GitLab runs one pipeline for it — the commit's. A
+// branch created on its own first (as publish did before) runs two: one on the
+// target's head for the new branch, testing nothing of the batch, then the commit's.
+func TestBatchBranchIsCreatedByItsCommit(t *testing.T) {
+	sim, c := setup(t, gitlabsim.Options{ManualPipelines: true})
+	mainHead, _, _ := sim.HeadCommit(proj, "main")
+	files := []mr.FileAction{grant("alice", "db"), grant("bob", "db")}
+
+	got := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-1", "main", 1, "batch 1", files))
+	head, msg, ok := sim.HeadCommit(proj, "batcherd/batch-1")
+	if !ok || got.Empty || got.SHA != head || !strings.Contains(msg, "Batcherd-Batch: 1") {
+		t.Fatalf("commit %+v, branch head %s %q (exists %v)", got, head, msg, ok)
+	}
+	if n := sim.CommitCount(proj, "batcherd/batch-1"); n != 1 {
+		t.Fatalf("%d commits on the new branch, want 1", n)
+	}
+	if parents := commitParents(t, sim, head); len(parents) != 1 || parents[0] != mainHead {
+		t.Fatalf("the batch commit's parents %v, want the target's head %s", parents, mainHead)
+	}
+	if n, _ := sim.PipelineCount(proj, "batcherd/batch-1"); n != 1 {
+		t.Errorf("%d pipelines for a batch branch created by its commit, want 1", n)
+	}
+	if n := sim.CallCount("POST /projects/:id/repository/branches"); n != 0 {
+		t.Errorf("the branch was created on its own (%d calls)", n)
+	}
+	// Resumed (a replica that died before recording anything): no second commit.
+	if again := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-1", "main", 1, "batch 1", files)); again != got {
+		t.Fatalf("resume: %+v, want %+v", again, got)
+	}
+	if n := sim.CommitCount(proj, "batcherd/batch-1"); n != 1 {
+		t.Fatalf("%d commits after the resume, want 1", n)
+	}
+
+	// The old way, for comparison: the simulator, like GitLab, runs a pipeline for the
+	// branch's creation.
+	if err := c.EnsureBranch(ctx(t), proj, "batcherd/batch-2", "main"); err != nil {
+		t.Fatal(err)
+	}
+	must(c.CommitFiles(ctx(t), proj, "batcherd/batch-2", "main", 2, "batch 2", files))
+	if n, _ := sim.PipelineCount(proj, "batcherd/batch-2"); n != 2 {
+		t.Errorf("%d pipelines for a branch created before its commit, want 2", n)
+	}
+
+	// A split batch: the first chunk creates the branch, the others commit onto it.
+	split, err := mr.New(mr.Config{BaseURL: sim.URL(), Token: sim.Token(), CallTimeout: 5 * time.Second, MaxActionsPerCommit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(split.CommitFiles(ctx(t), proj, "batcherd/batch-3", "main", 3, "batch 3", []mr.FileAction{grant("a", "x"), grant("b", "x"), grant("c", "x")}))
+	if n := sim.CommitCount(proj, "batcherd/batch-3"); n != 3 {
+		t.Fatalf("%d commits for a batch split in 3", n)
+	}
+	if n, _ := sim.PipelineCount(proj, "batcherd/batch-3"); n != 3 {
+		t.Errorf("%d pipelines for 3 chunk commits, want 3 (none for the branch's creation)", n)
+	}
+}
+
+// commitParents reads a commit's parent ids as any GitLab client would.
+func commitParents(t *testing.T, sim *gitlabsim.Sim, sha string) []string {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, sim.URL()+"/api/v4/projects/"+url.PathEscape(proj)+"/repository/commits/"+sha, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("PRIVATE-TOKEN", sim.Token())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var c struct {
+		ParentIDs []string `json:"parent_ids"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET commit %s: %d %v", sha, resp.StatusCode, err)
+	}
+	return c.ParentIDs
+}
+
+// TestBranchCreatedMeanwhile: between CommitFiles reading that the branch is missing
+// and its commit creating it, someone creates the branch — another replica resuming
+// the same batch (its commit on the head), or a human (a bare branch). GitLab refuses a
+// start_sha commit onto an existing branch; CommitFiles reads the branch again and
+// finishes on it as it is: the other replica's commit is the batch's (no second
+// commit), and a bare branch gets the batch's commit. Never a content refusal.
+func TestBranchCreatedMeanwhile(t *testing.T) {
+	for _, other := range []string{"replica", "human"} {
+		t.Run(other, func(t *testing.T) {
+			sim, c := setup(t, gitlabsim.Options{ManualPipelines: true})
+			files := []mr.FileAction{grant("alice", "db")}
+			branch := "batcherd/batch-4"
+			// Our commit is held on its way; the other one creates the branch meanwhile.
+			fid := sim.InjectFault(gitlabsim.Fault{Method: "POST", Route: "/projects/:id/repository/commits", Latency: time.Second, Count: 1})
+			type result struct {
+				commit mr.Commit
+				err    error
+			}
+			done := make(chan result, 1)
+			go func() {
+				cm, err := c.CommitFiles(context.Background(), proj, branch, "main", 4, "batch 4", files)
+				done <- result{cm, err}
+			}()
+			for deadline := time.Now().Add(10 * time.Second); sim.FaultApplied(fid) == 0; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("our commit never reached GitLab")
+				}
+			}
+			var theirs mr.Commit
+			if other == "replica" {
+				theirs = must(c.CommitFiles(ctx(t), proj, branch, "main", 4, "batch 4", files))
+			} else if err := c.EnsureBranch(ctx(t), proj, branch, "main"); err != nil {
+				t.Fatal(err)
+			}
+			r := <-done
+			if r.err != nil {
+				t.Fatalf("CommitFiles with the branch created meanwhile: %v (content refusal: %v)", r.err, mr.IsContentRefusal(r.err))
+			}
+			refused := 0
+			for _, call := range sim.Calls() {
+				if call.Route == "/projects/:id/repository/commits" && call.Status == http.StatusBadRequest {
+					refused++
+				}
+			}
+			if refused != 1 {
+				t.Fatalf("%d refused commits, want 1: the start_sha commit onto the existing branch", refused)
+			}
+			head, _, _ := sim.HeadCommit(proj, branch)
+			if n := sim.CommitCount(proj, branch); n != 1 || r.commit.SHA != head || r.commit.Empty {
+				t.Fatalf("%d commits, ours %+v, head %s: want the one batch commit", n, r.commit, head)
+			}
+			if other == "replica" && theirs.SHA != head {
+				t.Fatalf("the other replica's commit %s is not the head %s", theirs.SHA, head)
+			}
+		})
+	}
 }
 
 func TestFindMRAnyStateAndNeverASecond(t *testing.T) {
@@ -239,7 +385,7 @@ func TestEnsureMRConcurrentReplicasMakeOneMR(t *testing.T) {
 	if err := c.EnsureBranch(ctx(t), proj, "batcherd/batch-3", "main"); err != nil {
 		t.Fatal(err)
 	}
-	must(c.CommitFiles(ctx(t), proj, "batcherd/batch-3", 3, "batch 3", []mr.FileAction{grant("a", "b")}))
+	must(c.CommitFiles(ctx(t), proj, "batcherd/batch-3", "", 3, "batch 3", []mr.FileAction{grant("a", "b")}))
 	var wg sync.WaitGroup
 	iids := make([]int64, 8)
 	errs := make([]error, 8)
@@ -275,8 +421,7 @@ func TestAnswerLostAfterWork(t *testing.T) {
 				f.Method, f.Route = method, route
 				sim.InjectFault(f)
 			}
-			inject("POST", "/projects/:id/repository/branches")
-			inject("POST", "/projects/:id/repository/commits")
+			inject("POST", "/projects/:id/repository/commits") // the commit that creates the branch
 			inject("POST", "/projects/:id/merge_requests")
 
 			m, sha := publish(t, c, 5, []mr.FileAction{grant("alice", "db"), grant("bob", "db")})
@@ -291,7 +436,7 @@ func TestAnswerLostAfterWork(t *testing.T) {
 			if len(mrs) != 1 || mrs[0].IID != m.IID || mrs[0].State != "opened" || mrs[0].SHA != sha {
 				t.Fatalf("MRs for the branch: %+v (client saw %+v)", mrs, m)
 			}
-			for _, r := range []string{"POST /projects/:id/repository/branches", "POST /projects/:id/repository/commits", "POST /projects/:id/merge_requests"} {
+			for _, r := range []string{"POST /projects/:id/repository/commits", "POST /projects/:id/merge_requests"} {
 				if n := sim.CallCount(r); n != 1 {
 					t.Errorf("%s called %d times; a lost answer must be recovered by reading, not by repeating the write", r, n)
 				}
@@ -567,7 +712,7 @@ func TestErrorClasses(t *testing.T) {
 		t.Fatalf("400 message: %q", e.Message)
 	}
 	// 403: the protected default branch refuses pushes.
-	_, err = c.CommitFiles(ctx(t), proj, "main", 1, "x", []mr.FileAction{grant("a", "b")})
+	_, err = c.CommitFiles(ctx(t), proj, "main", "", 1, "x", []mr.FileAction{grant("a", "b")})
 	if e := wantClass(t, err, mr.ClassPermanent, 403); !strings.Contains(e.Message, "You are not allowed to push into this branch") {
 		t.Fatalf("403 message: %q", e.Message)
 	}
@@ -602,7 +747,7 @@ func TestErrorClasses(t *testing.T) {
 	if err := c.EnsureBranch(ctx(t), proj, "batcherd/batch-3", "main"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-3", 3, "x", []mr.FileAction{grant("a", "b")}); err != nil {
+	if _, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-3", "", 3, "x", []mr.FileAction{grant("a", "b")}); err != nil {
 		t.Fatalf("read retried through two 502s: %v", err)
 	}
 	sim.ClearFaults()
@@ -828,7 +973,7 @@ func TestFindMRAdoptsOnlyMRsCarryingTheBatchTrailers(t *testing.T) {
 	if err := c.EnsureBranch(ctx(t), proj, branch, "main"); err != nil {
 		t.Fatal(err)
 	}
-	must(c.CommitFiles(ctx(t), proj, branch, 7, "batch 7", []mr.FileAction{grant("a", "b")}))
+	must(c.CommitFiles(ctx(t), proj, branch, "", 7, "batch 7", []mr.FileAction{grant("a", "b")}))
 	_, msg, _ := sim.HeadCommit(proj, branch)
 	if !strings.Contains(msg, "\n\nBatcherd-Installation: "+inst+"\nBatcherd-Batch: 7\n") {
 		t.Fatalf("commit message lacks the trailers:\n%s", msg)
@@ -860,7 +1005,7 @@ func TestRevokeDeleteIsConfirmedAgainstTheFile(t *testing.T) {
 			t.Fatal(err)
 		}
 		fid := sim.InjectFault(lie)
-		got, err := c.CommitFiles(ctx(t), proj, branch, int64(50+i), "revoke", []mr.FileAction{{Path: path, Delete: true}})
+		got, err := c.CommitFiles(ctx(t), proj, branch, "", int64(50+i), "revoke", []mr.FileAction{{Path: path, Delete: true}})
 		applied := sim.FaultApplied(fid)
 		sim.ClearFaults()
 		if err != nil {
@@ -881,12 +1026,12 @@ func TestRevokeDeleteIsConfirmedAgainstTheFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	absent := domain.BindingPath("bob", "db/prod")
-	if got, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-60", 60, "revoke", []mr.FileAction{{Path: absent, Delete: true}}); err != nil || !got.Empty {
+	if got, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-60", "", 60, "revoke", []mr.FileAction{{Path: absent, Delete: true}}); err != nil || !got.Empty {
 		t.Fatalf("delete of a file that is not there: %+v %v, want Empty", got, err)
 	}
 	sim.InjectFault(gitlabsim.Fault{Method: "GET", Route: "/projects/:id/repository/files/:file", Status: 404, Body: `{"message":"404 Not Found"}`})
 	defer sim.ClearFaults()
-	if got, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-60", 60, "revoke", []mr.FileAction{{Path: absent, Delete: true}}); err == nil || got.Empty {
+	if got, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-60", "", 60, "revoke", []mr.FileAction{{Path: absent, Delete: true}}); err == nil || got.Empty {
 		t.Fatalf("a 404 that is not the file's own: %+v %v, want an error", got, err)
 	}
 }

@@ -136,7 +136,6 @@ func TestChaos(t *testing.T) {
 		{Method: "POST", Route: "/projects/:id/repository/commits", Status: 500},
 		{Method: "POST", Route: "/projects/:id/merge_requests", Drop: true, AfterWork: true},
 		{Method: "POST", Route: "/projects/:id/merge_requests", Status: 503},
-		{Method: "POST", Route: "/projects/:id/repository/branches", Status: 503, AfterWork: true},
 		{Method: "GET", Route: "/projects/:id/merge_requests/:iid", Status: 500},
 		{Method: "GET", Route: "/projects/:id/merge_requests", Status: 502},
 		{Method: "PUT", Route: "/projects/:id/merge_requests/:iid/merge", Status: 502, AfterWork: true},

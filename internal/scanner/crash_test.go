@@ -35,8 +35,7 @@ func TestCrashAtEveryPublishStep(t *testing.T) {
 		"claim.claimed",
 		"publish.reserved",
 		"publish.found",
-		"publish.branch",
-		"publish.commit",
+		"publish.commit", // the commit created the branch; nothing recorded yet
 		"publish.renewed",
 		"publish.mr",
 		"publish.recorded",
@@ -135,8 +134,7 @@ func (e *env) countBatches() int {
 // second branch, commit or MR.
 func TestLostAnswers(t *testing.T) {
 	routes := []struct{ method, route string }{
-		{"POST", "/projects/:id/repository/branches"},
-		{"POST", "/projects/:id/repository/commits"},
+		{"POST", "/projects/:id/repository/commits"}, // the commit that creates the branch
 		{"POST", "/projects/:id/merge_requests"},
 		{"PUT", "/projects/:id/merge_requests/:iid/merge"},
 	}
@@ -304,7 +302,7 @@ func TestHumanMergeWhileTimeoutCloses(t *testing.T) {
 // batch, although the pipeline succeeds at once and auto-merge would merge it
 // immediately.
 func TestStalePublisherIsFenced(t *testing.T) {
-	for _, step := range []string{"publish.branch", "publish.commit", "publish.renewed", "publish.mr"} {
+	for _, step := range []string{"publish.found", "publish.commit", "publish.renewed", "publish.mr"} {
 		t.Run(step, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, gitlabsim.Options{}, repo) // pipelines succeed as created

@@ -284,9 +284,9 @@ func TestFailureReasonsGoToTheirClass(t *testing.T) {
 func TestFlakyLoneMemberIsNotACulprit(t *testing.T) {
 	t.Parallel()
 	for _, retries := range []int{1, -1} {
-		// The branch's first two runs fail (its creation and its commit); the third (the
-		// retry) passes.
-		e := newEnv(t, gitlabsim.Options{PipelineRules: []gitlabsim.PipelineRule{{RefPrefix: "batcherd/", First: 2, FailureReason: "script_failure"}}}, repo)
+		// The branch's first run fails (its commit's: the branch is created by it); the
+		// second (the retry) passes.
+		e := newEnv(t, gitlabsim.Options{PipelineRules: []gitlabsim.PipelineRule{{RefPrefix: "batcherd/", First: 1, FailureReason: "script_failure"}}}, repo)
 		s := e.scanner("r1", func(c *Config) { longTimeout(c); c.FlakeRetries = retries })
 		ids := storetest.InsertQueuedOps(t, e.st, repo, 1)
 		b := e.published(s, repo)

@@ -84,7 +84,7 @@ func TestRecreatedDatabaseIgnoresOldMergedBatchMRs(t *testing.T) {
 				t.Fatal(err)
 			}
 			path := fmt.Sprintf("bindings/old/%s-%d.yaml", strings.ReplaceAll(branch, "/", "_"), id)
-			if _, err := e.gl.CommitFiles(bg, repo, branch, id, "an old batch", []mr.FileAction{{Path: path, Content: "old: true\n"}}); err != nil {
+			if _, err := e.gl.CommitFiles(bg, repo, branch, "", id, "an old batch", []mr.FileAction{{Path: path, Content: "old: true\n"}}); err != nil {
 				t.Fatal(err)
 			}
 			m, err := e.gl.EnsureMR(bg, repo, mr.MRSpec{SourceBranch: branch, BatchID: id, TargetBranch: "main", Title: "old batch", Labels: []string{mr.Label}})

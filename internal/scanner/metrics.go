@@ -199,20 +199,14 @@ func (g *instrumented) count(op, project string, err error) {
 	g.m.gitlab.WithLabelValues(op, class).Inc()
 }
 
-func (g *instrumented) EnsureBranch(ctx context.Context, project, branch, ref string) error {
-	err := g.gl.EnsureBranch(ctx, project, branch, ref)
-	g.count("ensure_branch", project, err)
-	return err
-}
-
 func (g *instrumented) DeleteBranch(ctx context.Context, project, branch string) error {
 	err := g.gl.DeleteBranch(ctx, project, branch)
 	g.count("delete_branch", project, err)
 	return err
 }
 
-func (g *instrumented) CommitFiles(ctx context.Context, project, branch string, batchID int64, message string, files []mr.FileAction) (mr.Commit, error) {
-	c, err := g.gl.CommitFiles(ctx, project, branch, batchID, message, files)
+func (g *instrumented) CommitFiles(ctx context.Context, project, branch, from string, batchID int64, message string, files []mr.FileAction) (mr.Commit, error) {
+	c, err := g.gl.CommitFiles(ctx, project, branch, from, batchID, message, files)
 	g.count("commit_files", project, err)
 	return c, err
 }

@@ -112,10 +112,11 @@ func (l *publishLoop) retrySoon(ctx context.Context, b domain.Batch, cause error
 // abandoned after any of them is resumed by the next reservation, never duplicated):
 //
 //  1. find the branch's MR in any state (FindMR);
-//  2. when there is none, or it is still open: read the members and write branch and
-//     commit (writeBatch) — a commit that changes nothing settles the batch unchanged
-//     instead (settleUnchangedBatch); otherwise renew the reservation and ensure the MR
-//     (openMR);
+//  2. when there is none, or it is still open: read the members and write the commit,
+//     which creates the branch from the target's head (writeBatch; one pipeline per
+//     batch branch, its commit's) — a commit that changes nothing settles the batch
+//     unchanged instead (settleUnchangedBatch); otherwise renew the reservation and
+//     ensure the MR (openMR);
 //  3. record the MR, guarded (fencing: before any merge is armed);
 //  4. arm auto-merge when the MR is open and the merge mode is auto;
 //  5. mark the batch due, so reconcile looks at it soon.
@@ -125,9 +126,10 @@ func (l *publishLoop) retrySoon(ctx context.Context, b domain.Batch, cause error
 
 // publishPlan is what a publish does after step 1, decided from plain values.
 type publishPlan struct {
-	// write: the branch has no MR yet, or an open one — (re)write branch, commit and
-	// MR. A merged or closed MR found here (a crash after EnsureMR, then a human acted)
-	// is recorded as is, and reconcile settles it; never open a second MR for a branch.
+	// write: the branch has no MR yet, or an open one — (re)write the commit (and with
+	// it the branch) and the MR. A merged or closed MR found here (a crash after
+	// EnsureMR, then a human acted) is recorded as is, and reconcile settles it; never
+	// open a second MR for a branch.
 	write bool
 }
 
@@ -198,8 +200,10 @@ type written struct {
 }
 
 // writeBatch is step 2's write: the members' file actions on the batch branch in one
-// commit. CommitFiles is idempotent by the Batcherd-Batch trailer: resumed after a lost
-// answer it returns the earlier commit's sha.
+// commit, which creates the branch. CommitFiles is idempotent by the Batcherd-Batch
+// trailer: resumed after a lost answer, or after a crash between the commit and the
+// record, it finds the branch with the batch's commit on its head and returns that
+// commit's sha without committing again.
 func (l *publishLoop) writeBatch(ctx context.Context, b domain.Batch, branch string, log *slog.Logger) (written, error) {
 	members, err := l.s.st.BatchMembers(ctx, b.ID)
 	if err != nil {
@@ -218,11 +222,10 @@ func (l *publishLoop) writeBatch(ctx context.Context, b domain.Batch, branch str
 	if err != nil {
 		return written{}, err
 	}
-	if err := l.s.gl.EnsureBranch(ctx, b.Repo, branch, l.cfg.target); err != nil {
-		return written{}, err
-	}
-	l.s.step(ctx, "publish.branch", b.ID)
-	commit, err := l.s.gl.CommitFiles(ctx, b.Repo, branch, b.ID, commitMessage(b, members), files)
+	// The commit creates the branch (from the target's head) when it is not there yet:
+	// a branch created on its own would cost a pipeline on the target's head that
+	// tests nothing of the batch (docs/ARCHITECTURE.md, "The loops").
+	commit, err := l.s.gl.CommitFiles(ctx, b.Repo, branch, l.cfg.target, b.ID, commitMessage(b, members), files)
 	if mr.IsContentRefusal(err) {
 		// GitLab refuses this content for good (a path it will not store): the same
 		// commit can never succeed, so the batch fails now with GitLab's words, and the
@@ -248,8 +251,9 @@ func (l *publishLoop) settleUnchangedBatch(ctx context.Context, b domain.Batch, 
 	if _, err := l.s.settleUnchanged(ctx, b, log); err != nil {
 		return err
 	}
-	// The branch carries nothing; leave no stray branch behind. Best effort: a branch
-	// left over (an error here, a crash before) harms nothing.
+	// No commit, so no branch was created; one may stand from an earlier version
+	// (which created the branch before the commit) or a human: leave no stray branch
+	// behind. Best effort: a branch left over harms nothing.
 	if err := l.s.gl.DeleteBranch(ctx, b.Repo, branch); err != nil && !isCanceled(err) {
 		log.Info("deleting the unneeded batch branch failed; it can be deleted by hand", "branch", branch, "err", err)
 	}

@@ -283,7 +283,7 @@ func TestHeadMovedBlocksEvenWhenItsPipelineFails(t *testing.T) {
 	s := e.scanner("a", nil) // isolate, the default
 	bg := context.Background()
 	b := e.published(s, repo)
-	if _, err := e.gl.CommitFiles(bg, repo, e.branch(b.ID), 999999, "a human's fix", []mr.FileAction{{Path: "human.txt", Content: "x\n"}}); err != nil {
+	if _, err := e.gl.CommitFiles(bg, repo, e.branch(b.ID), "", 999999, "a human's fix", []mr.FileAction{{Path: "human.txt", Content: "x\n"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.sim.FailMRPipeline(repo, *b.MRIID, "script_failure"); err != nil {

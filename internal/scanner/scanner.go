@@ -21,9 +21,8 @@ import (
 // GitLab is what the scanner needs from the GitLab layer; *mr.Client satisfies it.
 // Declared here (not in mr) so the loops depend on the smallest surface they use.
 type GitLab interface {
-	EnsureBranch(ctx context.Context, project, branch, ref string) error
 	DeleteBranch(ctx context.Context, project, branch string) error
-	CommitFiles(ctx context.Context, project, branch string, batchID int64, message string, files []mr.FileAction) (mr.Commit, error)
+	CommitFiles(ctx context.Context, project, branch, from string, batchID int64, message string, files []mr.FileAction) (mr.Commit, error)
 	FindMR(ctx context.Context, project, sourceBranch string, batchID int64) (mr.MergeRequest, bool, error)
 	EnsureMR(ctx context.Context, project string, spec mr.MRSpec) (mr.MergeRequest, error)
 	GetMR(ctx context.Context, project string, iid int64) (mr.MergeRequest, error)

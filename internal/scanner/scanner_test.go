@@ -487,3 +487,34 @@ func TestCleanup(t *testing.T) {
 		t.Errorf("after cleanup: %d waiting rows (want 0), %d keys (want 1)", waiting, keys)
 	}
 }
+
+// TestOneBatchRunsOnePipeline: a published batch costs GitLab one pipeline, its
+// commit's. Its branch is created by that commit; a branch created from the target
+// first ran a second pipeline, on the target's head, testing nothing of the batch
+// (issue 20). The simulator runs a pipeline for every branch created, as GitLab does.
+func TestOneBatchRunsOnePipeline(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
+	ids := storetest.InsertQueuedOps(t, e.st, repo, 3)
+	s := e.scanner("a", nil)
+	b := e.published(s, repo)
+	if b.MRIID == nil {
+		t.Fatalf("not published: %+v", b)
+	}
+	m, _ := e.sim.MR(repo, *b.MRIID)
+	if n, _ := e.sim.PipelineCount(repo, e.branch(b.ID)); n != 1 {
+		t.Fatalf("%d pipelines for one published batch, want 1 (its commit's)", n)
+	}
+	if m.PipelineID == 0 || m.SHA != b.MRSHA {
+		t.Fatalf("the MR's head pipeline %d on %s, want the batch commit %s's", m.PipelineID, m.SHA, b.MRSHA)
+	}
+	if err := e.sim.SucceedMRPipeline(repo, *b.MRIID); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.drive(s, b.ID, 10*time.Second); got.Status != domain.BatchSucceeded {
+		t.Fatalf("batch %s (%s)", got.Status, got.ErrorCode)
+	}
+	e.requireFiles(repo, e.requireOps(ids, domain.OpMerged), true)
+	if n, _ := e.sim.PipelineCount(repo, e.branch(b.ID)); n != 1 {
+		t.Errorf("%d pipelines for the batch by its merge, want 1", n)
+	}
+}

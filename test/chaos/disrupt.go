@@ -219,7 +219,6 @@ func (r *run) restartDBOnce() {
 
 // faultKinds are the GitLab faults the chaos injects.
 var writeRoutes = []struct{ method, route string }{
-	{"POST", "/projects/:id/repository/branches"},
 	{"POST", "/projects/:id/repository/commits"},
 	{"POST", "/projects/:id/merge_requests"},
 	{"PUT", "/projects/:id/merge_requests/:iid"},
