@@ -320,6 +320,20 @@ func (c *Client) FindMR(ctx context.Context, project, sourceBranch string, batch
 	return MergeRequest{}, false, nil
 }
 
+// IsBatchMR reports whether m, an MR this layer listed (ListOpenLabeled, which leaves
+// forks out), is batch batchID's own by the rules FindMR adopts by: from the batch's
+// branch m.SourceBranch into the configured target branch, with a commit carrying the
+// trailers of the branch's owner (Batcherd-Installation of the installation the branch
+// names, Batcherd-Batch: batchID). Whoever closes or adopts an MR found by its branch
+// name asks this first: the name is predictable, and someone else's MR on it — another
+// installation's, a human's — is never batcherd's to close, nor its merge the batch's.
+func (c *Client) IsBatchMR(ctx context.Context, project string, m MergeRequest, batchID int64) (bool, error) {
+	if m.TargetBranch != c.cfg.TargetBranch {
+		return false, nil // into another branch: never the batch's (as in FindMR)
+	}
+	return c.mrCarries(ctx, project, m.IID, ownerOf(m.SourceBranch, batchID))
+}
+
 // maxMRCommitPages bounds how many pages of an MR's commits mrCarries reads: a batch
 // MR has one commit per chunk, so its trailers are on the first page; a branch with
 // more commits than this is not a batch's.

@@ -197,3 +197,81 @@ func iidText(p *int64) string {
 	}
 	return fmt.Sprintf("!%d", *p)
 }
+
+// The orphan sweep closes an open labelled MR on one of this installation's batch
+// branches whose batch is not active — only when the MR is the batch's. A human's MR on
+// that (predictable) branch name, without the batch's trailers, is left alone: closing
+// it is not batcherd's to do, and had it merged while the sweep closed it, "merged wins"
+// settled the FAILED batch SUCCEEDED with the human's merge — its members merged, none
+// of their files written.
+func TestOrphanSweepLeavesAForeignMROnABatchBranch(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
+	ids := storetest.InsertQueuedOps(t, e.st, repo, 2)
+	s := e.scanner("a", nil)
+	bg := context.Background()
+	res, err := s.RunRound(bg, repo)
+	if err != nil || res.Outcome != store.ClaimClaimed {
+		t.Fatalf("round: %+v %v", res, err)
+	}
+	branch := e.branch(res.BatchID)
+	// A human's branch of that name and a labelled MR of it, before batcherd published.
+	change := "a human's change\n"
+	if _, err := e.sim.CommitToBranch(repo, branch, map[string]*string{"human.txt": &change}, "a human's change"); err != nil {
+		t.Fatal(err)
+	}
+	iid, err := e.sim.OpenMR(repo, branch, "main", []string{mr.Label}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The batch fails without an MR of its own (an operator's settle, say).
+	b, _ := e.st.BatchGet(bg, res.BatchID)
+	if _, err := e.st.BatchSettleFailed(bg, b.ID, b.Status, b.Version, "test", "failed before publishing"); err != nil {
+		t.Fatal(err)
+	}
+
+	// The human merges the MR just as the sweep would close it: a close call is held on
+	// its way to GitLab, and the MR merges meanwhile.
+	fid := e.sim.InjectFault(gitlabsim.Fault{Method: "PUT", Route: "/projects/:id/merge_requests/:iid", Latency: 300 * time.Millisecond, Count: 1})
+	done := make(chan error, 1)
+	go func() { done <- s.orphans.runOnce(bg) }()
+	merged := false
+	for swept := false; !swept; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("orphan pass: %v", err)
+			}
+			swept = true
+		case <-time.After(5 * time.Millisecond):
+			if !merged && e.sim.FaultApplied(fid) > 0 {
+				merged = true
+				if err := e.sim.MergeMR(repo, iid); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	if m, _ := e.sim.MR(repo, iid); !merged && m.State != "opened" {
+		t.Fatalf("the sweep left the human's MR %s, want opened: not batcherd's to close", m.State)
+	}
+	// Merged now in any case; the sweeps that follow must not adopt it either.
+	if !merged {
+		if err := e.sim.MergeMR(repo, iid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		if err := s.orphans.runOnce(bg); err != nil {
+			t.Fatalf("orphan pass: %v", err)
+		}
+	}
+	got, _ := e.st.BatchGet(bg, res.BatchID)
+	if got.Status != domain.BatchFailed || got.MRIID != nil {
+		t.Fatalf("batch %s with MR %s, want failed with none: the merged MR is a human's", got.Status, iidText(got.MRIID))
+	}
+	for id, op := range e.ops(ids) {
+		if op.Status == domain.OpMerged {
+			t.Errorf("operation %s merged by a human's MR that carries none of its files", id)
+		}
+	}
+}

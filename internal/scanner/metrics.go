@@ -253,6 +253,12 @@ func (g *instrumented) ListOpenLabeled(ctx context.Context, project, label strin
 	return ms, err
 }
 
+func (g *instrumented) IsBatchMR(ctx context.Context, project string, m mr.MergeRequest, batchID int64) (bool, error) {
+	ours, err := g.gl.IsBatchMR(ctx, project, m, batchID)
+	g.count("is_batch_mr", project, err)
+	return ours, err
+}
+
 func (g *instrumented) ListBlobs(ctx context.Context, project, ref, dir string) ([]mr.Blob, error) {
 	b, err := g.gl.ListBlobs(ctx, project, ref, dir)
 	g.count("list_blobs", project, err)

@@ -84,7 +84,8 @@ func (l *orphanLoop) sweepOpen(ctx context.Context, repo string) error {
 }
 
 // sweepOpenMR closes one open labelled MR of repo (inst is this installation's id)
-// when it is ours and its batch is not active; errors are counted per item.
+// when it is ours — on this installation's batch branch and carrying the batch's
+// trailers — and its batch is not active; errors are counted per item.
 func (l *orphanLoop) sweepOpenMR(ctx context.Context, repo, inst string, m mr.MergeRequest) {
 	log := l.log.With("repo", repo, "mr_iid", m.IID, "branch", m.SourceBranch)
 	branchInst, id, ok := domain.ParseBranch(m.SourceBranch)
@@ -121,6 +122,22 @@ func (l *orphanLoop) sweepOpenMR(ctx context.Context, repo, inst string, m mr.Me
 		return
 	case b.Repo != repo:
 		log.Warn("batch branch belongs to another repository's batch; leaving it", "batch_repo", b.Repo)
+		return
+	}
+	// The branch name is predictable: only an MR whose commits carry this
+	// installation's trailers for this batch is the batch's (mr.IsBatchMR, the rule
+	// FindMR adopts by). Someone else's MR on it — a human's branch of that name, a
+	// database re-created with the same installation id — is not ours to close, and if
+	// it merged while we closed it, "merged wins" below would settle the batch
+	// SUCCEEDED with someone else's merge.
+	ours, err := l.s.gl.IsBatchMR(ctx, repo, m, id)
+	if err != nil {
+		l.s.itemErr("orphans", log, "reading the MR's commits failed", err)
+		return
+	}
+	if !ours {
+		l.s.m.outcomes.WithLabelValues("orphans", "foreign_mr").Inc()
+		log.Warn("the open MR on a batch branch is not the batch's (its commits do not carry the batch's trailers); leaving it alone", "mr_url", m.WebURL)
 		return
 	}
 	cm, err := l.s.gl.CloseMR(ctx, repo, m.IID)

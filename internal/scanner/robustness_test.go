@@ -161,9 +161,10 @@ func TestOrphanSweepSurvivesOneBrokenRepo(t *testing.T) {
 	bg := context.Background()
 	s, logs := e.loggedScanner("a")
 
-	// An open labelled MR of a batch the database does not know: an orphan.
+	// An open labelled MR of a batch the database does not know (with that batch's
+	// commit, so it is batcherd's): an orphan.
 	branch := e.branch(999999)
-	if err := e.gl.EnsureBranch(bg, healthy, branch, "main"); err != nil {
+	if _, err := e.gl.CommitFiles(bg, healthy, branch, "main", 999999, "orphan", []mr.FileAction{{Path: "orphan.txt", Content: "x\n"}}); err != nil {
 		t.Fatal(err)
 	}
 	orphan, err := e.gl.EnsureMR(bg, healthy, mr.MRSpec{SourceBranch: branch, BatchID: 999999, TargetBranch: "main", Title: "orphan"})

@@ -30,6 +30,7 @@ type GitLab interface {
 	Merge(ctx context.Context, project string, iid int64, sha string) (mr.MergeRequest, error)
 	CloseMR(ctx context.Context, project string, iid int64) (mr.MergeRequest, error)
 	ListOpenLabeled(ctx context.Context, project, label string) ([]mr.MergeRequest, error)
+	IsBatchMR(ctx context.Context, project string, m mr.MergeRequest, batchID int64) (bool, error)
 	gitlabStates
 	// Reads of the target branch (post-merge check, drift loop).
 	ListBlobs(ctx context.Context, project, ref, dir string) ([]mr.Blob, error)
