@@ -249,3 +249,42 @@ func (e *env) due(id int64) {
 		e.t.Fatal(err)
 	}
 }
+
+// frozenPublish starts a publish pass of s that freezes right after step freezeAt and,
+// once resumed, dies right after opening the MR (publish.mr: its work context is
+// cancelled, so every later call of it fails, as if the replica were killed there).
+// It returns when the publisher is frozen; resume lets it go on and waits for the
+// pass to end. A test that ends before resuming lets it go on, dead, at its cleanup.
+func frozenPublish(t *testing.T, s *Scanner, freezeAt string) (resume func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	paused, release := make(chan struct{}), make(chan struct{})
+	var froze, released sync.Once
+	s.testHook = func(_ context.Context, step string, _ int64) {
+		switch step {
+		case freezeAt:
+			froze.Do(func() {
+				close(paused)
+				<-release
+			})
+		case "publish.mr":
+			cancel()
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.publish.runOnce(ctx) }()
+	resume = func() {
+		released.Do(func() {
+			close(release)
+			<-done
+		})
+	}
+	t.Cleanup(func() { cancel(); resume() })
+	select {
+	case <-paused:
+	case err := <-done:
+		released.Do(func() {}) // the pass is over: nothing to release or wait for
+		t.Fatalf("the publish pass ended (%v) before reaching %s", err, freezeAt)
+	}
+	return resume
+}

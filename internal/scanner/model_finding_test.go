@@ -32,21 +32,7 @@ func TestMergedWinsReachesAFailedBatchWhoseMRWasNeverRecorded(t *testing.T) {
 	}
 	// a freezes right after renewing its reservation, then dies right after opening
 	// the MR (before recording it).
-	ctx, cancel := context.WithCancel(bg)
-	defer cancel()
-	paused, resume := make(chan struct{}), make(chan struct{})
-	a.testHook = func(_ context.Context, step string, _ int64) {
-		switch step {
-		case "publish.renewed":
-			close(paused)
-			<-resume
-		case "publish.mr":
-			cancel()
-		}
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.publish.runOnce(ctx) }()
-	<-paused
+	resume := frozenPublish(t, a, "publish.renewed")
 
 	// The lease lapses while a is frozen; the sweep of replica t settles the batch.
 	sweeper := e.scanner("t", func(c *Config) { c.BatchTimeout = 10 * time.Millisecond })
@@ -59,8 +45,7 @@ func TestMergedWinsReachesAFailedBatchWhoseMRWasNeverRecorded(t *testing.T) {
 		t.Fatalf("batch %s MR %v, want failed without an MR", b.Status, b.MRIID)
 	}
 
-	close(resume)
-	<-done
+	resume()
 	mrs := e.mrsOf(repo, res.BatchID)
 	if len(mrs) != 1 || mrs[0].State != "opened" {
 		t.Fatalf("MRs of the batch: %+v, want one open (the frozen publisher's)", mrs)

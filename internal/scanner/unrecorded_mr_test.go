@@ -87,21 +87,7 @@ func TestTimeoutWaitsForALivePublish(t *testing.T) {
 	}
 	// a publishes: it stops after the commit (a slow GitLab), then dies right after
 	// opening the MR.
-	ctx, cancel := context.WithCancel(bg)
-	defer cancel()
-	paused, resume := make(chan struct{}), make(chan struct{})
-	a.testHook = func(_ context.Context, step string, _ int64) {
-		switch step {
-		case "publish.commit":
-			close(paused)
-			<-resume
-		case "publish.mr":
-			cancel()
-		}
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.publish.runOnce(ctx) }()
-	<-paused
+	resume := frozenPublish(t, a, "publish.commit")
 
 	// Past the timeout, but a's reservation is live: the sweep leaves the batch alone.
 	sweeper := e.scanner("t", func(c *Config) { c.BatchTimeout = 10 * time.Millisecond })
@@ -112,8 +98,7 @@ func TestTimeoutWaitsForALivePublish(t *testing.T) {
 	if b, _ := e.st.BatchGet(bg, res.BatchID); b.Status != domain.BatchRunning {
 		t.Fatalf("batch %s (%s) while its publisher held it, want running", b.Status, b.ErrorCode)
 	}
-	close(resume)
-	<-done
+	resume()
 	mrs := e.mrsOf(repo, res.BatchID)
 	if len(mrs) != 1 || mrs[0].State != "opened" {
 		t.Fatalf("MRs of the batch: %+v, want one open", mrs)
