@@ -56,8 +56,17 @@ func ExitCode(err error) int {
 	return ExitFailure
 }
 
+// receiverIDs are the identities every event is written for (README "Events").
+func receiverIDs(cfg *config.Config) []int64 {
+	var ids []int64
+	for _, r := range cfg.EventReceivers() {
+		ids = append(ids, r.ID)
+	}
+	return ids
+}
+
 func openStore(ctx context.Context, cfg *config.Config) (*store.Store, error) {
-	return store.Open(ctx, cfg.MySQLDSN, store.Options{MaxOpenConns: cfg.MySQLMaxConn, EventReceivers: len(cfg.EventsURL)})
+	return store.Open(ctx, cfg.MySQLDSN, store.Options{MaxOpenConns: cfg.MySQLMaxConn, EventReceivers: receiverIDs(cfg)})
 }
 
 // Migrate applies the embedded migrations and then verifies the schema.

@@ -169,7 +169,7 @@ func scannerConfig(cfg *config.Config) scanner.Config {
 		FlakeRetries:      retriesOrNone(cfg.FlakeRetries),
 		NoBisect:          !cfg.Bisect,
 		MaxAttempts:       cfg.MaxAttempts,
-		EventURLs:         cfg.EventsURL,
+		EventReceivers:    cfg.EventReceivers(),
 		EventSecret:       cfg.EventsSecret,
 		OutboxTimeout:     cfg.EventsTimeout,
 		OutboxLease:       3 * cfg.EventsTimeout,

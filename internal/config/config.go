@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"os"
 	"reflect"
 	"strings"
@@ -19,6 +18,8 @@ import (
 
 	"github.com/robfig/cron/v3"
 	"github.com/sethvargo/go-envconfig"
+
+	"github.com/batcherd/batcherd/internal/domain"
 )
 
 // Prefix is the prefix of every variable.
@@ -71,7 +72,7 @@ type Config struct {
 	FlakeRetries      int           `env:"FLAKE_RETRIES, default=1" desc:"in-place retries of the failed pipeline of a batch of one member (a test or unknown failure) before that member is named the culprit; 0 names it at once"`
 	Bisect            bool          `env:"BISECT, default=true" desc:"on a test failure (script_failure) split the batch into halves, recursively, until the culprit is alone (reason culprit); false fails every member"`
 	DriftInterval     time.Duration `env:"DRIFT_INTERVAL, default=10m" desc:"how often each repository's bindings/ tree is compared with the active bindings (drift; one replica per repository per interval); 0 turns it off"`
-	EventsURL         []string      `env:"EVENTS_URL" secret:"true" desc:"comma-separated http(s) URLs that receive signed events (off when empty; never logged: a URL may carry credentials)"`
+	EventsURL         []string      `env:"EVENTS_URL" secret:"true" desc:"comma-separated receivers of signed events, each an http(s) URL or name=URL (a name keeps its pending events when the URL changes); off when empty; never logged: a URL may carry credentials"`
 	EventsSecret      string        `env:"EVENTS_SECRET" secret:"true" desc:"HMAC-SHA256 key of X-Batcherd-Signature (required with BATCHERD_EVENTS_URL; or BATCHERD_EVENTS_SECRET_FILE)"`
 	EventsSecretFile  string        `env:"EVENTS_SECRET_FILE" desc:"file holding the events secret"`
 	EventsTimeout     time.Duration `env:"EVENTS_TIMEOUT, default=10s" desc:"timeout of one event POST; a replica holds an event for 3 x this while it delivers it (after a crash another replica sends it again once that has passed)"`
@@ -305,17 +306,19 @@ func (c *Config) validateFailurePolicy(p *problems) {
 	}
 }
 
+// EventReceivers is BATCHERD_EVENTS_URL parsed (README "Events"); Load refused every
+// entry it could not parse, so this is the whole list.
+func (c *Config) EventReceivers() []domain.EventReceiver {
+	rs, _ := domain.ParseEventReceivers(c.EventsURL)
+	return rs
+}
+
 // validateEvents: the event receivers and their secret. A bad URL is named by its
 // position only: the URL itself may carry credentials.
 func (c *Config) validateEvents(p *problems) {
-	for i, raw := range c.EventsURL {
-		u, err := url.Parse(raw)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			p.bad("EVENTS_URL", "entry %d is not an http(s) URL with a host", i+1)
-		}
-	}
-	if len(c.EventsURL) > 100 {
-		p.bad("EVENTS_URL", "at most 100 receivers, got %d", len(c.EventsURL))
+	_, errs := domain.ParseEventReceivers(c.EventsURL)
+	for _, err := range errs {
+		p.bad("EVENTS_URL", "%s", err)
 	}
 	if c.EventsTimeout < 100*time.Millisecond || c.EventsTimeout > 5*time.Minute {
 		p.bad("EVENTS_TIMEOUT", "must be between 100ms and 5m, got %s", c.EventsTimeout)

@@ -41,6 +41,7 @@ type metrics struct {
 	eventFailures   *prometheus.CounterVec // receiver
 	outboxDepth     *prometheus.GaugeVec   // receiver
 	outboxOldest    *prometheus.GaugeVec   // receiver
+	outboxUnrouted  prometheus.Gauge       // undelivered events of receivers this replica is not configured with
 }
 
 // newMetrics declares the scanner's metrics and registers them on reg. It is long
@@ -112,7 +113,7 @@ func newMetrics(reg prometheus.Registerer, replica string) *metrics {
 		Name: "batcherd_pipeline_flakes_total", Help: "Pipelines that failed and then passed when retried in place (the batch merged): flaky pipelines, by repository.", ConstLabels: cl,
 	}, []string{"repo"})
 	m.eventsDelivered = register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "batcherd_events_delivered_total", Help: "Events a receiver answered 2xx, by receiver (index in BATCHERD_EVENTS_URL).", ConstLabels: cl,
+		Name: "batcherd_events_delivered_total", Help: "Events a receiver answered 2xx, by receiver (its name=, else its URL's host; never the URL).", ConstLabels: cl,
 	}, []string{"receiver"}))
 	m.eventFailures = register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "batcherd_events_delivery_failures_total", Help: "Event deliveries that failed (not 2xx, refused, timed out) and were scheduled again, by receiver.", ConstLabels: cl,
@@ -123,6 +124,9 @@ func newMetrics(reg prometheus.Registerer, replica string) *metrics {
 	m.outboxOldest = register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "batcherd_events_outbox_oldest_age_seconds", Help: "Age of the oldest undelivered event, by receiver (0 when none waits; database clock).", ConstLabels: cl,
 	}, []string{"receiver"}))
+	m.outboxUnrouted = register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "batcherd_events_outbox_unrouted", Help: "Undelivered events written for a receiver that is not in this replica's BATCHERD_EVENTS_URL (renamed or removed: nothing sends them).", ConstLabels: cl,
+	}))
 	m.rebases = register(reg, m.rebases)
 	m.flakeRetries = register(reg, m.flakeRetries)
 	m.flakes = register(reg, m.flakes)

@@ -7,22 +7,22 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
-	"strconv"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/batcherd/batcherd/internal/domain"
 	"github.com/batcherd/batcherd/internal/store"
 )
 
 // outboxConfig is the outbox loop's slice of Config.
 type outboxConfig struct {
-	urls        []string
+	receivers   []domain.EventReceiver
 	secret      []byte
 	interval    time.Duration
 	lease       time.Duration
@@ -48,7 +48,11 @@ type outboxLoop struct {
 	cfg    outboxConfig
 	log    *slog.Logger
 	client *http.Client
-	labels []string // receiver label: its index, never its URL (which may carry credentials)
+	// ids are the receiver identities this replica reads due rows for: each
+	// receiver's identity and, for rows written before identities (schema v12), its
+	// position in the list; index maps either to the receiver's index in cfg.receivers.
+	ids   []int64
+	index map[int64]int
 
 	mu        sync.Mutex
 	lastPurge time.Time
@@ -68,14 +72,20 @@ func newOutboxLoop(s *Scanner, cfg outboxConfig, log *slog.Logger) *outboxLoop {
 		// signed body never follows it to a host nobody configured.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
-	for i := range cfg.urls {
-		l.labels = append(l.labels, strconv.Itoa(i))
+	l.index = map[int64]int{}
+	for i, r := range cfg.receivers {
+		l.index[r.ID] = i
+		l.index[int64(i)] = i // a row written before identities: its position (migration 00012)
 	}
+	for id := range l.index {
+		l.ids = append(l.ids, id)
+	}
+	slices.Sort(l.ids)
 	return l
 }
 
 func (l *outboxLoop) runOnce(ctx context.Context) error {
-	rows, err := l.s.st.OutboxDue(ctx, len(l.cfg.urls), l.cfg.limit)
+	rows, err := l.s.st.OutboxDue(ctx, l.ids, l.cfg.limit)
 	if err != nil {
 		return err
 	}
@@ -98,8 +108,9 @@ func (l *outboxLoop) deliver(ctx context.Context, r store.OutboxRow) error {
 		return l.s.itemErr("outbox", l.log, "reserve event", err)
 	}
 	l.s.step(ctx, "outbox_reserved", r.ID)
-	label := l.labels[r.Receiver]
-	why := l.post(ctx, r)
+	rc := l.cfg.receivers[l.index[r.Receiver]] // OutboxDue read only identities in index
+	label := rc.Label
+	why := l.post(ctx, rc.URL, r)
 	if why == "" {
 		// The POST was answered 2xx: record it. A crash right here sends the event again
 		// after the lease (the receiver drops it by id).
@@ -125,9 +136,9 @@ func (l *outboxLoop) deliver(ctx context.Context, r store.OutboxRow) error {
 
 // post sends r to its receiver and returns "" on a 2xx, else why not — in words that
 // never hold the URL (a *url.Error quotes it, with any credentials in it).
-func (l *outboxLoop) post(ctx context.Context, r store.OutboxRow) string {
+func (l *outboxLoop) post(ctx context.Context, to string, r store.OutboxRow) string {
 	body := r.Body()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.cfg.urls[r.Receiver], bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, to, bytes.NewReader(body))
 	if err != nil {
 		return "bad receiver URL"
 	}
@@ -210,28 +221,34 @@ func (l *outboxLoop) sample(ctx context.Context) {
 		_ = l.s.itemErr("outbox", l.log, "sample outbox", err)
 		return
 	}
-	depth := make([]float64, len(l.labels))
-	age := make([]float64, len(l.labels))
+	n := len(l.cfg.receivers)
+	depth, age := make([]float64, n), make([]float64, n)
+	var unrouted float64
 	for _, r := range st {
-		if r.Receiver >= 0 && r.Receiver < len(l.labels) {
-			depth[r.Receiver], age[r.Receiver] = float64(r.Depth), r.OldestAge
+		i, ok := l.index[r.Receiver]
+		if !ok {
+			unrouted += float64(r.Depth)
+			continue
 		}
+		depth[i] += float64(r.Depth)
+		age[i] = max(age[i], r.OldestAge)
 	}
-	for i, lb := range l.labels {
-		l.s.m.outboxDepth.WithLabelValues(lb).Set(depth[i])
-		l.s.m.outboxOldest.WithLabelValues(lb).Set(age[i])
+	l.s.m.outboxUnrouted.Set(unrouted)
+	for i, rc := range l.cfg.receivers {
+		l.s.m.outboxDepth.WithLabelValues(rc.Label).Set(depth[i])
+		l.s.m.outboxOldest.WithLabelValues(rc.Label).Set(age[i])
 	}
 }
 
-// describeReceivers names the receivers for the start-up log: index and host only.
-func describeReceivers(urls []string) []string {
-	out := make([]string, len(urls))
-	for i, raw := range urls {
+// describeReceivers names the receivers for the start-up log: label and host only.
+func describeReceivers(rs []domain.EventReceiver) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
 		host := "?"
-		if u, err := url.Parse(raw); err == nil {
+		if u, err := url.Parse(r.URL); err == nil {
 			host = u.Host
 		}
-		out[i] = fmt.Sprintf("%d=%s", i, host)
+		out[i] = r.Label + "=" + host
 	}
 	return out
 }

@@ -147,12 +147,32 @@ type outboxEnv struct {
 	t   *testing.T
 	st  *store.Store
 	dsn string
+	rs  []domain.EventReceiver // what the writing replica's BATCHERD_EVENTS_URL says
 }
 
-func newOutboxEnv(t *testing.T, receivers int) *outboxEnv {
+func newOutboxEnv(t *testing.T, urls ...string) *outboxEnv {
 	st, dsn := storetest.New(t)
-	st.SetEventReceivers(receivers)
-	return &outboxEnv{t: t, st: st, dsn: dsn}
+	e := &outboxEnv{t: t, st: st, dsn: dsn, rs: receiversOf(t, urls...)}
+	st.SetEventReceivers(ids(e.rs))
+	return e
+}
+
+// receiversOf parses urls as BATCHERD_EVENTS_URL entries.
+func receiversOf(t *testing.T, urls ...string) []domain.EventReceiver {
+	t.Helper()
+	rs, errs := domain.ParseEventReceivers(urls)
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	return rs
+}
+
+func ids(rs []domain.EventReceiver) []int64 {
+	var out []int64
+	for _, r := range rs {
+		out = append(out, r.ID)
+	}
+	return out
 }
 
 // lifecycle makes n auto-approved operations of repo (queued events), claims them into
@@ -183,7 +203,7 @@ func (e *outboxEnv) lifecycle(repo string, n int) []string {
 
 // dispatcher is one replica's outbox loop on its own store handle (pool).
 func (e *outboxEnv) dispatcher(name string, urls []string, secret string, mut func(*Config)) *Scanner {
-	cfg := Config{ReplicaID: name, EventURLs: urls, EventSecret: secret, OutboxInterval: 20 * time.Millisecond,
+	cfg := Config{ReplicaID: name, EventReceivers: receiversOf(e.t, urls...), EventSecret: secret, OutboxInterval: 20 * time.Millisecond,
 		OutboxTimeout: 2 * time.Second, OutboxLease: 3 * time.Second, OutboxBackoffBase: 20 * time.Millisecond,
 		OutboxBackoffMax: 200 * time.Millisecond, StartJitter: 10 * time.Millisecond,
 		BackoffBase: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, ShutdownTimeout: 2 * time.Second}
@@ -254,12 +274,13 @@ func inOrder(t *testing.T, who string, r *testReceiver, ops []string, batches in
 // while the other receiver is not held up; a receiver with the wrong secret accepts
 // nothing; a flaky receiver still gets every event in order.
 func TestOutboxReceiverDownThenUp(t *testing.T) {
-	e := newOutboxEnv(t, 4)
 	const secret = "s3cret-for-events"
 	up, down, wrong, flaky := newTestReceiver(t, secret), newTestReceiver(t, secret), newTestReceiver(t, "not-the-secret"), newTestReceiver(t, secret)
 	down.down.Store(true)
 	flaky.flaky.Store(3)
-	s := e.dispatcher("r1", []string{up.srv.URL, down.srv.URL, wrong.srv.URL, flaky.srv.URL}, secret, nil)
+	urls := []string{up.srv.URL, down.srv.URL, wrong.srv.URL, flaky.srv.URL}
+	e := newOutboxEnv(t, urls...)
+	s := e.dispatcher("r1", urls, secret, nil)
 
 	var ops []string
 	for i := range 3 {
@@ -284,14 +305,14 @@ func TestOutboxReceiverDownThenUp(t *testing.T) {
 	if tried > 3*12+3 {
 		t.Fatalf("receiver down: %d distinct events tried, more than the %d heads of the queue", tried, 3*12+3)
 	}
-	if f := testutil.ToFloat64(s.m.eventFailures.WithLabelValues("1")); f == 0 {
+	if f := testutil.ToFloat64(s.m.eventFailures.WithLabelValues(e.rs[1].Label)); f == 0 {
 		t.Fatal("no delivery failure counted for the receiver that is down")
 	}
 	s.outbox.sample(context.Background())
-	if d := testutil.ToFloat64(s.m.outboxDepth.WithLabelValues("1")); d != float64(total) {
+	if d := testutil.ToFloat64(s.m.outboxDepth.WithLabelValues(e.rs[1].Label)); d != float64(total) {
 		t.Fatalf("depth of the receiver that is down = %v, want %d", d, total)
 	}
-	if d := testutil.ToFloat64(s.m.outboxDepth.WithLabelValues("0")); d != 0 {
+	if d := testutil.ToFloat64(s.m.outboxDepth.WithLabelValues(e.rs[0].Label)); d != 0 {
 		t.Fatalf("depth of the receiver that is up = %v, want 0", d)
 	}
 
@@ -311,11 +332,11 @@ func TestOutboxReceiverDownThenUp(t *testing.T) {
 		t.Fatalf("receiver with another secret: refused %d, accepted %d", refused, acceptedWrong)
 	}
 	var waiting int
-	if err := e.st.DB().Get(&waiting, "SELECT COUNT(*) FROM event_outbox WHERE receiver = 2 AND delivered_at IS NULL"); err != nil || waiting != total {
+	if err := e.st.DB().Get(&waiting, "SELECT COUNT(*) FROM event_outbox WHERE receiver = ? AND delivered_at IS NULL", e.rs[2].ID); err != nil || waiting != total {
 		t.Fatalf("receiver 2 undelivered = %d, %v; want %d", waiting, err, total)
 	}
 	var lastErr string
-	if err := e.st.DB().Get(&lastErr, "SELECT last_error FROM event_outbox WHERE receiver = 2 AND attempts > 0 LIMIT 1"); err != nil ||
+	if err := e.st.DB().Get(&lastErr, "SELECT last_error FROM event_outbox WHERE receiver = ? AND attempts > 0 LIMIT 1", e.rs[2].ID); err != nil ||
 		!strings.Contains(lastErr, "401") || strings.Contains(lastErr, wrong.srv.URL) {
 		t.Fatalf("last_error = %q, %v: want the status, never the URL", lastErr, err)
 	}
@@ -326,9 +347,9 @@ func TestOutboxReceiverDownThenUp(t *testing.T) {
 // POST), another after the POST (before recording it). A replica started afterwards
 // delivers every event, the re-sent ones with the same X-Batcherd-Delivery.
 func TestOutboxCrashBetweenCommitAndDelivery(t *testing.T) {
-	e := newOutboxEnv(t, 1)
 	const secret = "k"
 	r := newTestReceiver(t, secret)
+	e := newOutboxEnv(t, r.srv.URL)
 	ops := e.lifecycle("grp/crash", 30) // committed; nothing delivered yet
 	total := e.events()
 
@@ -374,10 +395,10 @@ func TestOutboxCrashBetweenCommitAndDelivery(t *testing.T) {
 // receiver (no crash, so no duplicate), in order, and purge the delivered rows in
 // chunks. Reports throughput and commit-to-receipt latency.
 func TestOutboxRacingDispatchers(t *testing.T) {
-	e := newOutboxEnv(t, 2)
 	const secret = "race"
 	r0, r1 := newTestReceiver(t, secret), newTestReceiver(t, secret)
 	urls := []string{r0.srv.URL, r1.srv.URL}
+	e := newOutboxEnv(t, urls...)
 	var ops []string
 	for i := range 4 {
 		ops = append(ops, e.lifecycle(fmt.Sprintf("grp/race%d", i), 30)...)
@@ -473,4 +494,52 @@ func TestOutboxRacingDispatchers(t *testing.T) {
 	}
 	slices.Sort(lat)
 	t.Logf("commit to receipt with a %s poll: median %s, max %s", s.cfg.OutboxInterval, lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
+}
+
+// A receiver keeps its pending events when BATCHERD_EVENTS_URL is reordered, shortened
+// or extended (or differs between replicas during a rolling update): a row names its
+// receiver by identity, not by position. Before schema v12 a row carried its receiver's
+// position, so the list [A, B] → [C, B] sent A's pending events to C. Rows written
+// before v12 (small positions) still go to the receiver at that position.
+func TestOutboxReceiverIdentityKeepsEventsWithTheirReceiver(t *testing.T) {
+	const secret = "ident"
+	a, b, c := newTestReceiver(t, secret), newTestReceiver(t, secret), newTestReceiver(t, secret)
+	e := newOutboxEnv(t, a.srv.URL, "audit="+b.srv.URL) // the writers' list: [A, audit=B]
+	ops := e.lifecycle("grp/ident", 5)
+	total := e.events()
+	// One row from before v12, for position 0 of whoever delivers it.
+	if _, err := e.st.DB().Exec(`INSERT INTO event_outbox (receiver, event_id, type, order_key, operation_json)
+		VALUES (0, ?, 'operation.queued', 'legacy-op', '{"id":"legacy-op"}')`, uuid.NewString()); err != nil {
+		t.Fatal(err)
+	}
+
+	// A replica whose list is reordered, shortened and extended: [C, audit=B'] where B's
+	// URL changed but its name did not (a rotated token in the URL, say).
+	moved := e.dispatcher("moved", []string{c.srv.URL, "audit=" + b.srv.URL + "/?token=rotated"}, secret, nil)
+	passesUntil(t, moved, 30*time.Second, func() bool { got, _ := b.accepted(); return len(got) == total })
+	for range 5 { // give misrouting every chance
+		_ = moved.outbox.runOnce(context.Background())
+	}
+	inOrder(t, "the named receiver whose URL changed", b, ops, 1)
+	if got, _ := c.accepted(); len(got) != 1 || got[0].ID == "" || got[0].Operation == nil || got[0].Operation.ID != "legacy-op" {
+		t.Fatalf("the receiver now at position 0 got %d events (%+v), want only the row written before identities", len(got), got)
+	}
+	if got, _ := a.accepted(); len(got) != 0 {
+		t.Fatalf("A is not in the moved replica's list but got %d events", len(got))
+	}
+	moved.outbox.sample(context.Background())
+	if u := testutil.ToFloat64(moved.m.outboxUnrouted); u != float64(total) {
+		t.Fatalf("unrouted = %v, want A's %d pending events", u, total)
+	}
+	if d := testutil.ToFloat64(moved.m.outboxDepth.WithLabelValues("audit")); d != 0 {
+		t.Fatalf("depth of audit = %v, want 0", d)
+	}
+
+	// A replica still on the old list (a rolling update) delivers A's events to A.
+	old := e.dispatcher("old", []string{a.srv.URL, "audit=" + b.srv.URL}, secret, nil)
+	passesUntil(t, old, 30*time.Second, func() bool { return e.undelivered() == 0 })
+	inOrder(t, "A, delivered by a replica that still lists it", a, ops, 1)
+	if got, _ := b.accepted(); len(got) != total {
+		t.Fatalf("audit got %d events after the second replica, want %d (each once)", len(got), total)
+	}
 }

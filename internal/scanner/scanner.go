@@ -107,16 +107,16 @@ type Config struct {
 	// meanwhile, and the first probe GitLab answers resumes it.
 	RefusalBackoffBase time.Duration
 	RefusalBackoffMax  time.Duration
-	// Events (outbox.go). No EventURLs: the outbox loop does not run.
-	EventURLs           []string      // receivers, in BATCHERD_EVENTS_URL order (a row's receiver is its index)
-	EventSecret         string        // HMAC-SHA256 key of X-Batcherd-Signature
-	OutboxInterval      time.Duration // [1s] poll for due events
-	OutboxLease         time.Duration // [3 × OutboxTimeout] how long one delivery attempt holds an event (must exceed OutboxTimeout)
-	OutboxTimeout       time.Duration // [10s] one POST
-	OutboxBackoffBase   time.Duration // [1s] first retry of a failed delivery
-	OutboxBackoffMax    time.Duration // [10m] cap of the retry delay; retries go on at the cap for ever
-	OutboxRetention     time.Duration // [1h] delivered events are kept this long, then purged
-	OutboxPurgeInterval time.Duration // [1m]
+	// Events (outbox.go). No EventReceivers: the outbox loop does not run.
+	EventReceivers      []domain.EventReceiver // BATCHERD_EVENTS_URL, in its order (a row names its receiver by identity)
+	EventSecret         string                 // HMAC-SHA256 key of X-Batcherd-Signature
+	OutboxInterval      time.Duration          // [1s] poll for due events
+	OutboxLease         time.Duration          // [3 × OutboxTimeout] how long one delivery attempt holds an event (must exceed OutboxTimeout)
+	OutboxTimeout       time.Duration          // [10s] one POST
+	OutboxBackoffBase   time.Duration          // [1s] first retry of a failed delivery
+	OutboxBackoffMax    time.Duration          // [10m] cap of the retry delay; retries go on at the cap for ever
+	OutboxRetention     time.Duration          // [1h] delivered events are kept this long, then purged
+	OutboxPurgeInterval time.Duration          // [1m]
 
 	StartJitter time.Duration // [5s] max random delay before a loop's first run
 	BackoffBase time.Duration // [1s] first retry delay after a failed run
@@ -206,7 +206,7 @@ func (c Config) Validate() error {
 	default:
 		return fmt.Errorf("on failure %q: want isolate or block", c.OnFailure)
 	}
-	if len(c.EventURLs) > 0 && c.EventSecret == "" {
+	if len(c.EventReceivers) > 0 && c.EventSecret == "" {
 		return errors.New("event receivers without a secret")
 	}
 	if c.OutboxLease <= c.OutboxTimeout {
@@ -292,7 +292,7 @@ func New(cfg Config, st Store, gl GitLab, log *slog.Logger, reg prometheus.Regis
 	s.cleanup = &cleanupLoop{s: s, cfg: cleanupConfig{interval: cfg.CleanupInterval, chunk: cfg.CleanupChunk, retention: cfg.WaitingRetention}, log: log.With("loop", "cleanup")}
 	s.drift = &driftLoop{s: s, cfg: driftConfig{interval: cfg.DriftInterval, repos: cfg.Repos, target: cfg.TargetBranch}, log: log.With("loop", "drift")}
 	s.orphans = &orphanLoop{s: s, cfg: orphanConfig{interval: cfg.OrphanInterval, repos: cfg.Repos, lookback: cfg.OrphanLookback, limit: cfg.ScanLimit}, log: log.With("loop", "orphans")}
-	s.outbox = newOutboxLoop(s, outboxConfig{urls: cfg.EventURLs, secret: []byte(cfg.EventSecret), interval: cfg.OutboxInterval,
+	s.outbox = newOutboxLoop(s, outboxConfig{receivers: cfg.EventReceivers, secret: []byte(cfg.EventSecret), interval: cfg.OutboxInterval,
 		lease: cfg.OutboxLease, timeout: cfg.OutboxTimeout, backoffBase: cfg.OutboxBackoffBase, backoffMax: cfg.OutboxBackoffMax,
 		retention: cfg.OutboxRetention, purgeEvery: cfg.OutboxPurgeInterval, chunk: cfg.CleanupChunk, limit: cfg.ScanLimit,
 		workers: max(cfg.Workers, 8)}, log.With("loop", "outbox"))
@@ -347,9 +347,9 @@ func (s *Scanner) Run(ctx context.Context) error {
 		// polling more often than the interval costs one small read per repository.
 		loops = append(loops, loopSpec{name: "drift", run: s.drift.runOnce, every: min(s.cfg.DriftInterval, time.Minute)})
 	}
-	if len(s.cfg.EventURLs) > 0 {
+	if len(s.cfg.EventReceivers) > 0 {
 		loops = append(loops, loopSpec{name: "outbox", run: s.outbox.runOnce, every: s.cfg.OutboxInterval, kick: s.kickOutbox})
-		s.log.Info("event receivers", "receivers", describeReceivers(s.cfg.EventURLs))
+		s.log.Info("event receivers", "receivers", describeReceivers(s.cfg.EventReceivers))
 	}
 	s.log.Info("scanner starting", "repos", s.cfg.Repos, "merge_mode", s.cfg.MergeMode,
 		"claim_schedule", s.cfg.ClaimSchedule, "batch_timeout", s.cfg.BatchTimeout,

@@ -50,7 +50,7 @@ type Store interface {
 	EventRecord(ctx context.Context, e store.Event) (bool, error)
 
 	// events (outbox.go)
-	OutboxDue(ctx context.Context, receivers, limit int) ([]store.OutboxRow, error)
+	OutboxDue(ctx context.Context, receivers []int64, limit int) ([]store.OutboxRow, error)
 	OutboxReserve(ctx context.Context, r store.OutboxRow, lease time.Duration) error
 	OutboxDelivered(ctx context.Context, id int64) (bool, error)
 	OutboxRetryAt(ctx context.Context, r store.OutboxRow, after time.Duration, why string) error

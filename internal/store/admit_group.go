@@ -620,9 +620,9 @@ type admitStmt struct {
 // statements), or the compound's local variable (admit_compound.go), never a column
 // default, so the caller knows them without reading them back.
 //
-// receivers > 0 adds step 6, the operation.queued events of auto-approved operations
+// receivers (any) adds step 6, the operation.queued events of auto-approved operations
 // (outbox.go): one multi-row INSERT into the outbox, in the group's transaction.
-func buildAdmitWrites(clock admitClock, acc []accepted, receivers int) (stmts []admitStmt, opStmt int) {
+func buildAdmitWrites(clock admitClock, acc []accepted, receivers []int64) (stmts []admitStmt, opStmt int) {
 	stmts = append(stmts, keyWrites(acc)...)
 	opStmt = len(stmts)
 	stmts = append(stmts, operationWrite(clock, acc))

@@ -97,7 +97,7 @@ func TestAdmissionRows(t *testing.T) {
 
 	// With one event receiver configured, the operation.queued event is one more row
 	// in the same transaction (the outbox), and only then.
-	st.SetEventReceivers(1)
+	st.SetEventReceivers([]int64{domain.ReceiverID("audit", "")})
 	for _, path := range paths {
 		before := tableRows(t, st)
 		p := grant("rows-outbox-"+path.name, "t")
@@ -113,7 +113,7 @@ func TestAdmissionRows(t *testing.T) {
 			}
 		}
 	}
-	st.SetEventReceivers(0)
+	st.SetEventReceivers(nil)
 
 	// An operation that waits for approval: created is derived, approved and admitted
 	// are written by the approval, in that order.

@@ -19,8 +19,10 @@ const (
 	QFailedRecently  = qFailedRecently
 	QWaitingStats    = qWaitingStats
 	QCleanupWaiting  = qCleanupWaiting
-	QOutboxDue       = qOutboxDue
 )
+
+// QOutboxDue is the dispatcher's read for n receivers.
+func QOutboxDue(n int) string { return qOutboxDue(n) }
 
 // SlotNoWait reports whether claims take the slot with the no-wait INSERT (probing the
 // server if not yet done); SetSlotNoWait forces either way, so the tests prove both the

@@ -9,6 +9,7 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -29,13 +30,21 @@ const (
 	EventTypeBatchFailed        = "batch.failed"
 )
 
-// SetEventReceivers sets how many receivers (BATCHERD_EVENTS_URL entries) each event is
-// written for; 0 writes no event rows. Call it before serving (Options.EventReceivers
-// does the same at Open).
-func (s *Store) SetEventReceivers(n int) { s.receivers.Store(int32(max(n, 0))) }
+// SetEventReceivers sets the receivers (their identities, domain.EventReceiver.ID)
+// each event is written for; none writes no event rows. Call it before serving
+// (Options.EventReceivers does the same at Open).
+func (s *Store) SetEventReceivers(ids []int64) {
+	c := slices.Clone(ids)
+	s.receivers.Store(&c)
+}
 
-// EventReceivers is the number SetEventReceivers set.
-func (s *Store) EventReceivers() int { return int(s.receivers.Load()) }
+// EventReceivers is what SetEventReceivers set.
+func (s *Store) EventReceivers() []int64 {
+	if p := s.receivers.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
 
 // EventOperation is the body's "operation" object: the operation as the change left it.
 type EventOperation struct {
@@ -93,12 +102,12 @@ const (
 	outboxColumns = "INSERT INTO event_outbox (receiver, event_id, type, order_key, operation_json, batch_json) VALUES "
 )
 
-// outboxArgs appends evs' rows for n receivers to args: one event id per event, the
+// outboxArgs appends evs' rows for receivers to args: one event id per event, the
 // same for every receiver.
-func outboxArgs(args []any, evs []outEvent, n int) []any {
+func outboxArgs(args []any, evs []outEvent, receivers []int64) []any {
 	for _, e := range evs {
 		id := uuid.NewString()
-		for r := range n {
+		for _, r := range receivers {
 			args = append(args, r, id, e.typ, e.orderKey, nullBytes(e.op), nullBytes(e.batch))
 		}
 	}
@@ -116,24 +125,26 @@ func nullBytes(b []byte) any {
 // transaction, in as few multi-row statements as the placeholder limit allows (one in
 // every common case). No receivers, no statement.
 func (s *Store) writeOutbox(ctx context.Context, tx *sqlx.Tx, evs []outEvent) error {
-	n := s.EventReceivers()
+	rs := s.EventReceivers()
+	n := len(rs)
 	if n == 0 || len(evs) == 0 {
 		return nil
 	}
 	per := max(maxInPlaceholders/(outboxPerRow*n), 1)
 	return forChunks(len(evs), per, func(lo, hi int) error {
-		args := outboxArgs(make([]any, 0, outboxPerRow*n*(hi-lo)), evs[lo:hi], n)
+		args := outboxArgs(make([]any, 0, outboxPerRow*n*(hi-lo)), evs[lo:hi], rs)
 		_, err := tx.ExecContext(ctx, outboxColumns+values(outboxRowSQL, n*(hi-lo)), args...)
 		return err
 	})
 }
 
 // outboxStmt is writeOutbox as one statement of the admission group (admit_group.go).
-func outboxStmt(evs []outEvent, n int) []admitStmt {
+func outboxStmt(evs []outEvent, receivers []int64) []admitStmt {
+	n := len(receivers)
 	if n == 0 || len(evs) == 0 {
 		return nil
 	}
-	args := outboxArgs(make([]any, 0, outboxPerRow*n*len(evs)), evs, n)
+	args := outboxArgs(make([]any, 0, outboxPerRow*n*len(evs)), evs, receivers)
 	return []admitStmt{{outboxColumns + values(outboxRowSQL, n*len(evs)), args, int64(n * len(evs)), true}}
 }
 
@@ -147,7 +158,7 @@ func (s *Store) operationWithdrawnEvent(ctx context.Context, tx *sqlx.Tx, op dom
 // OutboxRow is one undelivered event for one receiver, as the dispatcher reads it.
 type OutboxRow struct {
 	ID            int64     `db:"id"`
-	Receiver      int       `db:"receiver"`
+	Receiver      int64     `db:"receiver"`
 	EventID       string    `db:"event_id"`
 	Type          string    `db:"type"`
 	OrderKey      string    `db:"order_key"`
@@ -181,23 +192,34 @@ func (r OutboxRow) Body() []byte {
 }
 
 // qOutboxDue reads due rows through idx_due in index order (no sort) and checks each
-// for an earlier undelivered row of its order key through idx_order (EXPLAIN-tested).
-const qOutboxDue = `SELECT o.id, o.receiver, o.event_id, o.type, o.order_key,
+// for an earlier undelivered row of its order key through idx_order (EXPLAIN-tested),
+// for n receivers.
+func qOutboxDue(n int) string {
+	return `SELECT o.id, o.receiver, o.event_id, o.type, o.order_key,
 		       o.operation_json, o.batch_json, o.created_at, o.attempts
 		  FROM event_outbox o
-		 WHERE o.delivered_at IS NULL AND o.next_attempt_at <= CURRENT_TIMESTAMP(6) AND o.receiver < ?
+		 WHERE o.delivered_at IS NULL AND o.next_attempt_at <= CURRENT_TIMESTAMP(6) AND o.receiver IN (` + inPlaceholders(n) + `)
 		   AND NOT EXISTS (SELECT 1 FROM event_outbox p
 		                    WHERE p.order_key = o.order_key AND p.receiver = o.receiver
 		                      AND p.delivered_at IS NULL AND p.id < o.id)
 		 ORDER BY o.next_attempt_at, o.id LIMIT ?`
+}
 
-// OutboxDue returns up to limit undelivered rows for receivers 0..receivers-1 whose
-// next attempt is due, each the earliest undelivered row of its order key for its
-// receiver (one operation's events go out in order: event n+1 is not even read while
-// event n waits). A plain read: OutboxReserve decides who delivers.
-func (s *Store) OutboxDue(ctx context.Context, receivers, limit int) ([]OutboxRow, error) {
+// OutboxDue returns up to limit undelivered rows for the given receivers whose next
+// attempt is due, each the earliest undelivered row of its order key for its receiver
+// (one operation's events go out in order: event n+1 is not even read while event n
+// waits). Rows of receivers not asked for are never read: a replica delivers only to
+// the receivers it is configured with. A plain read: OutboxReserve decides who delivers.
+func (s *Store) OutboxDue(ctx context.Context, receivers []int64, limit int) ([]OutboxRow, error) {
+	if len(receivers) == 0 {
+		return nil, nil
+	}
+	args := make([]any, 0, len(receivers)+1)
+	for _, r := range receivers {
+		args = append(args, r)
+	}
 	var rows []OutboxRow
-	err := s.db.SelectContext(ctx, &rows, qOutboxDue, receivers, limit)
+	err := s.db.SelectContext(ctx, &rows, qOutboxDue(len(receivers)), append(args, limit)...)
 	return rows, translate(err)
 }
 
@@ -258,7 +280,7 @@ func (s *Store) OutboxPurge(ctx context.Context, olderThan time.Duration, chunk 
 
 // OutboxReceiverStats is the undelivered backlog of one receiver.
 type OutboxReceiverStats struct {
-	Receiver  int     `db:"receiver"`
+	Receiver  int64   `db:"receiver"`
 	Depth     int64   `db:"depth"`
 	OldestAge float64 `db:"oldest_age"` // seconds since the oldest undelivered event (DB clock)
 }

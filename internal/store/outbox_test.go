@@ -24,7 +24,7 @@ import (
 
 type obRow struct {
 	ID       int64  `db:"id"`
-	Receiver int    `db:"receiver"`
+	Receiver int64  `db:"receiver"`
 	EventID  string `db:"event_id"`
 	Type     string `db:"type"`
 	OrderKey string `db:"order_key"`
@@ -43,7 +43,7 @@ func obRows(t *testing.T, st *store.Store) []obRow {
 // checks that every event has exactly one row per receiver under one event id.
 func obTypes(t *testing.T, st *store.Store, receivers int) map[string][]string {
 	t.Helper()
-	perEvent := map[string][]int{}
+	perEvent := map[string][]int64{}
 	out := map[string][]string{}
 	for _, r := range obRows(t, st) {
 		perEvent[r.EventID] = append(perEvent[r.EventID], r.Receiver)
@@ -61,7 +61,7 @@ func obTypes(t *testing.T, st *store.Store, receivers int) map[string][]string {
 
 func TestOutboxEventsWrittenWithTheirChange(t *testing.T) {
 	st, dsn := storetest.New(t)
-	st.SetEventReceivers(2)
+	st.SetEventReceivers([]int64{0, 1})
 	ctx := context.Background()
 
 	auto := grant("ob-auto", "db/x")
@@ -144,7 +144,7 @@ func TestOutboxEventsWrittenWithTheirChange(t *testing.T) {
 
 	// The bodies say what the change left: the merged operation names its batch, the
 	// failed one its reason, the succeeded batch its MR.
-	due, err := st.OutboxDue(ctx, 2, 100)
+	due, err := st.OutboxDue(ctx, []int64{0, 1}, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func TestOutboxEventsWrittenWithTheirChange(t *testing.T) {
 // per auto-approved operation and receiver in the group's own statements.
 func TestOutboxAdmissionGroups(t *testing.T) {
 	st, _ := storetest.New(t)
-	st.SetEventReceivers(3)
+	st.SetEventReceivers([]int64{0, 1, 2})
 	ctx := context.Background()
 	const n = 120
 	var wg sync.WaitGroup
@@ -208,7 +208,7 @@ func TestOutboxAdmissionGroups(t *testing.T) {
 // try moves the next one; the purge deletes delivered rows in chunks only.
 func TestOutboxDueOrderReserveAndPurge(t *testing.T) {
 	st, _ := storetest.New(t)
-	st.SetEventReceivers(2)
+	st.SetEventReceivers([]int64{0, 1})
 	ctx := context.Background()
 	p := grant("ord", "db/o")
 	p.AutoApprove = true
@@ -217,7 +217,7 @@ func TestOutboxDueOrderReserveAndPurge(t *testing.T) {
 	if _, err := st.BatchSettleFailed(ctx, res.BatchID, domain.BatchRunning, 1, "closed", "closed"); err != nil {
 		t.Fatal(err)
 	}
-	typesDue := func(receivers int) map[string]store.OutboxRow {
+	typesDue := func(receivers ...int64) map[string]store.OutboxRow {
 		t.Helper()
 		due, err := st.OutboxDue(ctx, receivers, 100)
 		if err != nil {
@@ -229,12 +229,12 @@ func TestOutboxDueOrderReserveAndPurge(t *testing.T) {
 		}
 		return m
 	}
-	due := typesDue(2)
+	due := typesDue(0, 1)
 	if len(due) != 4 || due["0 operation.queued"].ID == 0 || due["1 batch.opened"].ID == 0 {
 		t.Fatalf("due = %v, want queued and opened for both receivers", due)
 	}
-	if len(typesDue(1)) != 2 {
-		t.Fatal("a receiver index past the configured ones was read")
+	if len(typesDue(0)) != 2 || len(typesDue(1, 7)) != 2 {
+		t.Fatal("rows of a receiver not asked for were read")
 	}
 	q0 := due["0 operation.queued"]
 	if string(q0.Body()) != string(q0.Body()) || !strings.Contains(string(q0.Body()), `"type":"operation.queued"`) {
@@ -247,14 +247,14 @@ func TestOutboxDueOrderReserveAndPurge(t *testing.T) {
 	if err := st.OutboxReserve(ctx, q0, time.Minute); !errors.Is(err, store.ErrLostRace) {
 		t.Fatalf("second reservation = %v, want ErrLostRace", err)
 	}
-	if _, ok := typesDue(2)["0 operation.queued"]; ok {
+	if _, ok := typesDue(0, 1)["0 operation.queued"]; ok {
 		t.Fatal("a reserved row is due")
 	}
 	// Failed try: due again after the backoff (0 here), its error kept.
 	if err := st.OutboxRetryAt(ctx, q0, 0, "503 Service Unavailable"); err != nil {
 		t.Fatal(err)
 	}
-	q0 = typesDue(2)["0 operation.queued"]
+	q0 = typesDue(0, 1)["0 operation.queued"]
 	if q0.Attempts != 1 {
 		t.Fatalf("after one try: %+v", q0)
 	}
@@ -264,7 +264,7 @@ func TestOutboxDueOrderReserveAndPurge(t *testing.T) {
 	if ok, err := st.OutboxDelivered(ctx, q0.ID); err != nil || !ok {
 		t.Fatalf("delivered = %v, %v", ok, err)
 	}
-	due = typesDue(2)
+	due = typesDue(0, 1)
 	if due["0 operation.failed"].ID == 0 || due["1 operation.failed"].ID != 0 || due["1 operation.queued"].ID == 0 {
 		t.Fatalf("after receiver 0 got queued: due = %v (receiver 1 must still wait for its own queued)", due)
 	}
@@ -317,13 +317,13 @@ func TestOutboxDuePlan(t *testing.T) {
 	if _, err := st.DB().Exec("ANALYZE TABLE event_outbox"); err != nil {
 		t.Fatal(err)
 	}
-	plan := btExplain(t, st, store.QOutboxDue, 2, 200)
+	plan := btExplain(t, st, store.QOutboxDue(2), 0, 1, 200)
 	t.Logf("plan: %+v", plan)
 	if len(plan) != 2 || plan[0].Table != "o" || plan[0].Key != "idx_due" || strings.Contains(plan[0].Extra, "filesort") ||
 		plan[1].Table != "p" || plan[1].Key != "idx_order" {
 		t.Fatalf("qOutboxDue plan: %+v", plan)
 	}
-	due, err := st.OutboxDue(context.Background(), 2, 5000)
+	due, err := st.OutboxDue(context.Background(), []int64{0, 1}, 5000)
 	if err != nil || len(due) != 1000 {
 		t.Fatalf("due = %d rows, %v; want the 1,000 heads of the undelivered 2,000", len(due), err)
 	}

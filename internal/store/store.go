@@ -135,9 +135,9 @@ type Options struct {
 	ConnMaxLife  time.Duration // default 5m
 	DialTimeout  time.Duration // default 5s
 	IOTimeout    time.Duration // default 30s
-	// EventReceivers: how many event receivers each event is written for (0: none,
-	// no outbox rows). See SetEventReceivers.
-	EventReceivers int
+	// EventReceivers: the identities of the event receivers each event is written
+	// for (none: no outbox rows). See SetEventReceivers.
+	EventReceivers []int64
 }
 
 // Store is the handle every component shares. It is safe for concurrent use.
@@ -155,9 +155,9 @@ type Store struct {
 	// inst caches the installation id (installation.go).
 	inst installationCache
 
-	// receivers is how many event receivers each event is written for (outbox.go);
-	// 0 = BATCHERD_EVENTS_URL empty, no event rows.
-	receivers atomic.Int32
+	// receivers are the event receivers each event is written for (outbox.go); none =
+	// BATCHERD_EVENTS_URL empty, no event rows.
+	receivers atomic.Pointer[[]int64]
 
 	// Hooks lets tests stop a transaction at a chosen point (I2, I3 proofs). Nil in production.
 	Hooks *Hooks
