@@ -2,6 +2,7 @@ package auth_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net/http"
@@ -29,10 +30,17 @@ func TestParseTokens(t *testing.T) {
 		"bare-secret": {Name: auth.BareName("bare-secret"), Source: "token"},
 		"s3cret-ops":  {Name: "ops", Admin: true, Source: "token"},
 	} {
+		want.Credential = sha256.Sum256([]byte(tok)) // what a status page session is bound to
 		got, err := a.Authenticate(context.Background(), tok)
 		if err != nil || got != want {
 			t.Errorf("token of %s: got %+v, %v", want.Name, got, err)
 		}
+		if p, ok := a.TokenPrincipal(want.Name); !ok || p != want {
+			t.Errorf("TokenPrincipal(%s) = %+v, %v", want.Name, p, ok)
+		}
+	}
+	if _, ok := a.TokenPrincipal("nobody"); ok {
+		t.Error("TokenPrincipal found a name that is not configured")
 	}
 	if n := auth.BareName("bare-secret"); len(n) != len("token-")+8 || !strings.HasPrefix(n, "token-") {
 		t.Errorf("bare name %q", n)
@@ -101,7 +109,11 @@ func TestOIDCVerification(t *testing.T) {
 	ok := func(tok string, want auth.Principal) {
 		t.Helper()
 		got, err := a.Authenticate(ctx, tok)
-		if err != nil || got != want {
+		if err != nil || got.Expires.IsZero() {
+			t.Fatalf("got %+v, %v; want %+v with the token's expiry", got, err, want)
+		}
+		got.Expires = time.Time{}
+		if got != want {
 			t.Fatalf("got %+v, %v; want %+v", got, err, want)
 		}
 	}
@@ -117,8 +129,10 @@ func TestOIDCVerification(t *testing.T) {
 	c := iss.Claims("dave")
 	c["groups"] = []string{"platform", "platform/admins"}
 	ok(iss.Token(c), auth.Principal{Name: "dave", Admin: true, Source: "oidc"})
-	// Static tokens still work beside OIDC.
-	ok("tok-a", auth.Principal{Name: "alice", Source: "token"})
+	// Static tokens still work beside OIDC (no expiry: valid while configured).
+	if p, err := a.Authenticate(ctx, "tok-a"); err != nil || p != (auth.Principal{Name: "alice", Source: "token", Credential: sha256.Sum256([]byte("tok-a"))}) {
+		t.Fatalf("static token beside OIDC: %+v, %v", p, err)
+	}
 
 	exp := iss.Claims("carol")
 	exp["exp"] = time.Now().Add(-time.Minute).Unix()
@@ -231,7 +245,8 @@ func TestOIDCClaims(t *testing.T) {
 	c["nickname"] = "erin"
 	c["groups_direct"] = []string{"platform/admins"}
 	c["groups"] = []string{"ignored"}
-	if p, err := a.Authenticate(ctx, iss.Token(c)); err != nil || p != (auth.Principal{Name: "erin", Admin: true, Source: "oidc"}) {
+	if p, err := a.Authenticate(ctx, iss.Token(c)); err != nil || p.Expires.Unix() != c["exp"].(int64) ||
+		(auth.Principal{Name: p.Name, Admin: p.Admin, Source: p.Source}) != (auth.Principal{Name: "erin", Admin: true, Source: "oidc"}) {
 		t.Fatalf("%+v %v", p, err)
 	}
 	c["nickname"] = "line\nbreak"

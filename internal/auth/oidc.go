@@ -189,7 +189,7 @@ func (o *OIDC) Authenticate(ctx context.Context, raw string) (Principal, error) 
 	if err := validClaimName(name, o.tokenNames); err != nil {
 		return Principal{}, fmt.Errorf("%w: the token's %q claim %v", ErrUnauthenticated, o.cfg.UsernameClaim, err)
 	}
-	return Principal{Name: name, Admin: o.inAdminGroup(claims[o.cfg.GroupsClaim]), Source: "oidc"}, nil
+	return Principal{Name: name, Admin: o.inAdminGroup(claims[o.cfg.GroupsClaim]), Source: "oidc", Expires: tok.Expiry}, nil
 }
 
 func (o *OIDC) inAdminGroup(v any) bool {

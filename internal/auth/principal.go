@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -36,6 +37,13 @@ type Principal struct {
 	Admin bool
 	// Source is how the principal was established: "token", "oidc" or "insecure".
 	Source string
+	// Expires is when the credential stops being valid (an OIDC token's exp); zero for
+	// a configured token, which is valid for as long as it is configured.
+	Expires time.Time
+	// Credential is the SHA-256 of a configured token (zero for OIDC): what a status
+	// page session is bound to, so removing or replacing the token ends its sessions
+	// (TokenPrincipal). A digest, never the token; never logged.
+	Credential [32]byte
 }
 
 // Reserved principal names. AutoApprover is the approved_by of an operation admitted
@@ -195,8 +203,24 @@ func (t *Tokens) lookup(tok string) (Principal, bool) {
 	if idx < 0 {
 		return Principal{}, false
 	}
-	e := t.entries[idx]
-	return Principal{Name: e.name, Admin: e.admin, Source: "token"}, true
+	return t.entries[idx].principal(), true
+}
+
+func (e tokenEntry) principal() Principal {
+	return Principal{Name: e.name, Admin: e.admin, Source: "token", Credential: e.sum}
+}
+
+// byName finds the configured token principal named name (names are unique).
+func (t *Tokens) byName(name string) (Principal, bool) {
+	if t == nil {
+		return Principal{}, false
+	}
+	for _, e := range t.entries {
+		if e.name == name {
+			return e.principal(), true
+		}
+	}
+	return Principal{}, false
 }
 
 // Authenticator establishes the principal of a bearer credential.
@@ -230,6 +254,20 @@ func (a *Authenticator) Authenticate(ctx context.Context, bearer string) (Princi
 	}
 	return Principal{}, fmt.Errorf("%w: invalid bearer token", ErrUnauthenticated)
 }
+
+// TokenPrincipal is the configured token principal named name as configured now (its
+// admin flag and Credential): a status page session opened with a token is valid only
+// while the same token is configured under the same name.
+func (a *Authenticator) TokenPrincipal(name string) (Principal, bool) {
+	if a == nil {
+		return Principal{}, false
+	}
+	return a.tokens.byName(name)
+}
+
+// OIDCEnabled reports whether an issuer is configured (sessions opened with an OIDC
+// token end when it is removed).
+func (a *Authenticator) OIDCEnabled() bool { return a != nil && a.oidc != nil }
 
 // looksLikeJWT: three base64url segments separated by dots (JWS compact form).
 func looksLikeJWT(s string) bool {

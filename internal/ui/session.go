@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/batcherd/batcherd/internal/auth"
 )
 
 // A session cookie is payload "." MAC, both base64url: the payload names the principal
@@ -19,15 +21,23 @@ import (
 // its expiry, the token does not.
 //
 // Payload fields, '|'-separated: version, principal name (base64url, so no name can
-// inject a separator), admin flag, expiry (Unix seconds) and a random nonce that makes
-// every session's CSRF token different.
-const sessionVersion = "s1"
+// inject a separator), admin flag, expiry (Unix seconds), a random nonce that makes
+// every session's CSRF token different, the credential's source ("token" or "oidc")
+// and, for a token, a MAC of the token's digest: the session is valid only while that
+// token is still configured under that name (Handler.session), so removing or
+// replacing a token ends its sessions at once, and its admin flag is the configured
+// one, not the one at login. An OIDC session ends with its token (the expiry is the
+// earlier of the TTL and the token's exp) or when the issuer is unconfigured. s1
+// sessions (before the credential binding) are refused: their holders log in again.
+const sessionVersion = "s2"
 
 // Session is a logged-in browser.
 type Session struct {
 	Name    string
 	Admin   bool
 	Expires time.Time
+	source  string // "token" or "oidc"
+	cred    string // token sessions: credentialMAC of the token's digest
 	nonce   string
 	payload string
 }
@@ -46,23 +56,35 @@ func (s sealer) mac(purpose, payload string) []byte {
 	return m.Sum(nil)
 }
 
-// seal makes the cookie value of a new session.
-func (s sealer) seal(name string, admin bool, expires time.Time) (string, Session) {
+// credentialMAC binds a session to a token's digest without carrying the digest: the
+// cookie is readable by whoever holds it.
+func (s sealer) credentialMAC(sum [32]byte) string {
+	return base64.RawURLEncoding.EncodeToString(s.mac("credential", string(sum[:])))
+}
+
+// seal makes the cookie value of a new session of principal p.
+func (s sealer) seal(p auth.Principal, expires time.Time) (string, Session) {
 	var n [16]byte
 	_, _ = rand.Read(n[:])
 	a := "0"
-	if admin {
+	if p.Admin {
 		a = "1"
 	}
+	cred := ""
+	if p.Source == "token" {
+		cred = s.credentialMAC(p.Credential)
+	}
 	nonce := hex.EncodeToString(n[:])
-	payload := strings.Join([]string{sessionVersion, base64.RawURLEncoding.EncodeToString([]byte(name)), a,
-		strconv.FormatInt(expires.Unix(), 10), nonce}, "|")
+	payload := strings.Join([]string{sessionVersion, base64.RawURLEncoding.EncodeToString([]byte(p.Name)), a,
+		strconv.FormatInt(expires.Unix(), 10), nonce, p.Source, cred}, "|")
 	v := base64.RawURLEncoding.EncodeToString([]byte(payload)) + "." +
 		base64.RawURLEncoding.EncodeToString(s.mac("session", payload))
-	return v, Session{Name: name, Admin: admin, Expires: time.Unix(expires.Unix(), 0), nonce: nonce, payload: payload}
+	return v, Session{Name: p.Name, Admin: p.Admin, Expires: time.Unix(expires.Unix(), 0), source: p.Source, cred: cred,
+		nonce: nonce, payload: payload}
 }
 
 // open verifies a cookie value: its MAC (constant time), its shape and its expiry.
+// Whether its credential is still configured is Handler.session's check.
 func (s sealer) open(v string, now time.Time) (Session, error) {
 	p64, m64, ok := strings.Cut(v, ".")
 	if !ok || len(v) > 4096 {
@@ -78,7 +100,8 @@ func (s sealer) open(v string, now time.Time) (Session, error) {
 		return Session{}, errBadSession
 	}
 	f := strings.Split(payload, "|")
-	if len(f) != 5 || f[0] != sessionVersion || (f[2] != "0" && f[2] != "1") {
+	if len(f) != 7 || f[0] != sessionVersion || (f[2] != "0" && f[2] != "1") ||
+		!(f[5] == "token" && f[6] != "" || f[5] == "oidc" && f[6] == "") {
 		return Session{}, errBadSession
 	}
 	name, err := base64.RawURLEncoding.DecodeString(f[1])
@@ -92,7 +115,8 @@ func (s sealer) open(v string, now time.Time) (Session, error) {
 	if !now.Before(time.Unix(exp, 0)) {
 		return Session{}, errBadSession
 	}
-	return Session{Name: string(name), Admin: f[2] == "1", Expires: time.Unix(exp, 0), nonce: f[4], payload: payload}, nil
+	return Session{Name: string(name), Admin: f[2] == "1", Expires: time.Unix(exp, 0), source: f[5], cred: f[6],
+		nonce: f[4], payload: payload}, nil
 }
 
 // csrf is the CSRF token of a session: a MAC of its payload under another purpose, so

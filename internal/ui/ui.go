@@ -15,6 +15,7 @@ package ui
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"embed"
 	"errors"
@@ -208,7 +209,30 @@ func (h *Handler) session(r *http.Request) (Session, bool) {
 		return Session{}, false
 	}
 	s, err := h.seal.open(c.Value, h.now())
-	return s, err == nil
+	if err != nil {
+		return Session{}, false
+	}
+	return h.current(s)
+}
+
+// current checks that the credential a session was opened with is still configured:
+// a token session needs the same token under the same name (and takes the admin flag
+// configured now); an OIDC session needs an issuer (its token's expiry already bounds
+// it). A token removed or replaced in the configuration ends its sessions on the next
+// request to a replica that runs the new configuration.
+func (h *Handler) current(s Session) (Session, bool) {
+	switch s.source {
+	case "token":
+		p, ok := h.cfg.Auth.TokenPrincipal(s.Name)
+		if !ok || !hmac.Equal([]byte(h.seal.credentialMAC(p.Credential)), []byte(s.cred)) {
+			return Session{}, false
+		}
+		s.Admin = p.Admin
+		return s, true
+	case "oidc":
+		return s, h.cfg.Auth.OIDCEnabled()
+	}
+	return Session{}, false
 }
 
 // secure: the Secure attribute when the browser reached us over TLS, directly or
@@ -318,8 +342,14 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		h.renderLogin(w, r, http.StatusUnauthorized, next, "That token was refused.")
 		return
 	}
-	v, _ := h.seal.seal(p.Name, p.Admin, h.now().Add(h.cfg.SessionTTL))
-	h.setCookie(w, r, sessionCookie, v, h.cfg.SessionTTL)
+	// A session never outlives its credential: an OIDC token's expiry ends it.
+	now := h.now()
+	expires := now.Add(h.cfg.SessionTTL)
+	if !p.Expires.IsZero() && p.Expires.Before(expires) {
+		expires = p.Expires
+	}
+	v, _ := h.seal.seal(p, expires)
+	h.setCookie(w, r, sessionCookie, v, expires.Sub(now))
 	h.clearCookie(w, r, loginCookie)
 	h.log.Info("status page login", p.LogAttr(), "source", p.Source)
 	http.Redirect(w, r, safeNext(next), http.StatusSeeOther)

@@ -253,10 +253,12 @@ func TestForgedTamperedAndExpiredSessionsAreRefused(t *testing.T) {
 	now := time.Now()
 	h := newTestHandler(t, func(c *Config) { c.Now = func() time.Time { return now } })
 	other := sealer{key: []byte("another-key-another-key-another-k")}
-	valid, _ := h.seal.seal("alice", false, now.Add(time.Hour))
+	alice, _ := h.cfg.Auth.TokenPrincipal("alice")
+	bob, _ := h.cfg.Auth.TokenPrincipal("bob")
+	valid, _ := h.seal.seal(alice, now.Add(time.Hour))
 	p64, m64, _ := strings.Cut(valid, ".")
-	forged, _ := other.seal("bob", true, now.Add(time.Hour))
-	expired, _ := h.seal.seal("alice", false, now.Add(-time.Second))
+	forged, _ := other.seal(bob, now.Add(time.Hour))
+	expired, _ := h.seal.seal(alice, now.Add(-time.Second))
 	raw, _ := base64.RawURLEncoding.DecodeString(p64)
 	adminPayload := base64.RawURLEncoding.EncodeToString([]byte(strings.Replace(string(raw), "|0|", "|1|", 1)))
 	cases := map[string]string{
