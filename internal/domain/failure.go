@@ -86,7 +86,9 @@ const (
 //     since this part explains the failure — are deferred into the search's remainder
 //     group, which is claimed only when nothing older of the search waits, i.e. when
 //     the failing part's search is finished (deferral). The remainder runs as one batch;
-//     if it fails, that is a new failure, split and searched again.
+//     if it fails, that is a new failure, split and searched again;
+//   - a failing part whose every part then merges failed by a flake: the siblings it
+//     deferred go back to their parent's chain (Resume).
 //
 // The names carry the search: "s<root>.<parent>.<part>" is part <part> (1-based) of
 // failed batch <parent>, in the search that started when batch <root> failed, and
@@ -158,4 +160,33 @@ func SplitParts(n int) []int {
 		n -= h
 	}
 	return append(out, n)
+}
+
+// Resume decides what follows when a part of failed batch q merged and no later part
+// of q waits any more: every part of q merged, so q held no culprit and its failure was
+// a flake. If q was itself part qPart of failed batch parent (qGroup, its group, says
+// so), the parts of parent after q were deferred when q failed as probably good — but
+// with q clean, parent's failure is still unexplained, so they are where its culprit
+// is: they go back from the remainder to parent's chain, as its parts qPart+1, … (a
+// split of them as SplitParts would make, one part when a single member is left),
+// instead of running whole in the remainder and failing there. ok false: q was not a
+// part (the search's first batch, or a remainder), nothing to resume.
+func Resume(merged SearchGroup, qGroup string) (parent int64, firstPart int, ok bool) {
+	if merged.Rest() {
+		return 0, 0, false
+	}
+	q, isPart := ParseSearchGroup(qGroup)
+	if !isPart || q.Rest() || q.Root != merged.Root {
+		return 0, 0, false
+	}
+	return q.Parent, q.Part + 1, true
+}
+
+// ResumeParts is the split of n members resumed by Resume: SplitParts, or one part of
+// one member.
+func ResumeParts(n int) []int {
+	if n == 1 {
+		return []int{1}
+	}
+	return SplitParts(n)
 }

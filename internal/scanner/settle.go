@@ -257,10 +257,32 @@ func (s *Scanner) succeeded(ctx context.Context, nb domain.Batch, log *slog.Logg
 	s.m.settles.WithLabelValues("succeeded", "").Inc()
 	s.observeBatch(nb, "succeeded")
 	s.observeMerged(ctx, nb, log)
+	s.resumeSearch(ctx, nb, log)
 	// A bisection half or a retry merged: the next half may be waiting. Or an urgent
 	// operation met this batch's slot and waits for it: it is claimed now, not at the
 	// next scheduled round (the follow-up claim takes nothing else).
 	s.followUp(ctx, nb.Repo)
+}
+
+// resumeSearch: when nb was the last waiting part of a failed batch q, q held no
+// culprit after all (its failure was a flake), and the siblings q's failure deferred go
+// back to their parent's chain (store.SearchResume, domain.Resume) before the follow-up
+// claim, instead of running whole in the remainder only to fail there. Best effort: if
+// it is lost (an error, a crash), the remainder runs whole and is searched as any
+// failure — a few runs more, nothing else.
+func (s *Scanner) resumeSearch(ctx context.Context, nb domain.Batch, log *slog.Logger) {
+	g, ok := domain.ParseSearchGroup(nb.Grp)
+	if !ok || g.Rest() {
+		return
+	}
+	n, err := s.st.SearchResume(ctx, nb.Repo, g)
+	switch {
+	case err != nil && !isCanceled(err):
+		log.Warn("resuming the bisection after a clean part failed; its remainder runs whole", "err", err)
+	case n > 0:
+		log.Info("every part of a failed batch merged (a flake): its deferred siblings go back to their parent's parts",
+			"failed_batch", g.Parent, "resumed", n)
+	}
 }
 
 // mergedAfterFailed applies "merged wins" to a FAILED batch whose MR merged anyway (a

@@ -40,6 +40,7 @@ type Store interface {
 	BatchMarkFailing(ctx context.Context, id, version int64, class domain.FailureClass) (domain.Batch, error)
 	BatchSettleSucceeded(ctx context.Context, id int64, from domain.BatchStatus, version int64) (domain.Batch, error)
 	BatchSettleUnchanged(ctx context.Context, id, version int64) (domain.Batch, error)
+	SearchResume(ctx context.Context, repo string, merged domain.SearchGroup) (int64, error)
 	BatchSettleIsolate(ctx context.Context, id int64, from domain.BatchStatus, version int64, class domain.FailureClass, message string, plan []store.MemberFate, d store.Deferral) (domain.Batch, error)
 
 	// expiry, cleanup, audit

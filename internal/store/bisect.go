@@ -159,8 +159,7 @@ func deferSiblings(ctx context.Context, tx *sqlx.Tx, d Deferral) (int64, error) 
 	if d.Prefix == "" {
 		return 0, nil
 	}
-	hi := d.Prefix[:len(d.Prefix)-1] + string(d.Prefix[len(d.Prefix)-1]+1)
-	r, err := tx.ExecContext(ctx, qDeferSiblings, d.Into, d.Repo, d.Prefix, hi)
+	r, err := tx.ExecContext(ctx, qDeferSiblings, d.Into, d.Repo, d.Prefix, prefixEnd(d.Prefix))
 	if err != nil {
 		return 0, err
 	}
@@ -428,4 +427,100 @@ func (s *Store) BatchMergeLatencies(ctx context.Context, batchID int64) ([]float
 		WHERE b.id = ? AND b.status = 2 AND b.finished_at IS NOT NULL
 		  AND o.status = 'merged' AND o.batch_id = b.id`, batchID)
 	return out, translate(err)
+}
+
+// EventSearchResumed: the batch event recorded on a failed part whose every part then
+// merged (its failure was a flake), when its deferred siblings go back from the
+// remainder to their parent's chain (SearchResume).
+const EventSearchResumed = "bisection_resumed"
+
+const (
+	// qPartsWaiting: does any part of one failed batch still wait (the range of
+	// idx_repo_group_waiting that qDeferSiblings moves)?
+	qPartsWaiting = `SELECT EXISTS (SELECT 1 FROM merge_batch_request
+		WHERE repo = ? AND batch_id IS NULL AND grp >= ? AND grp < ?)`
+	// qDeferredOf: the remainder's rows that are parts of one failed batch, in queue
+	// order (idx_repo_group_waiting, then parent_id), locked so a claim that read them
+	// waits for the regrouping and then takes them as it read them.
+	qDeferredOf = `SELECT id FROM merge_batch_request
+		WHERE repo = ? AND batch_id IS NULL AND grp = ? AND parent_id = ?
+		ORDER BY lane, created_at, id FOR UPDATE`
+)
+
+// SearchResume is what follows the merge of a batch of group merged (a part of failed
+// batch q = merged.Parent), in one READ COMMITTED transaction: when no later part of q
+// waits any more, every part of q merged, and when q was itself a part of failed batch
+// p (domain.Resume), the parts of p deferred to the remainder when q failed go back to
+// p's chain, split as domain.ResumeParts — created_at, lane, kind, parent and depth
+// kept. It returns how many waiting rows it moved (0: nothing to resume).
+//
+// It runs after the merge's own settlement, outside the slot, so a claim may take the
+// remainder meanwhile: rows it already claimed are not read here, and rows a claim read
+// but had not yet claimed are locked here first, so that claim takes them afterwards
+// as it read them, all in one batch (the remainder run whole, as without the resume).
+// Every UPDATE checks its affected rows; a shortfall rolls everything back
+// (ErrLostRace). A crash before the commit only loses the shortcut: the remainder then
+// runs whole, fails, and is searched.
+func (s *Store) SearchResume(ctx context.Context, repo string, merged domain.SearchGroup) (int64, error) {
+	if merged.Rest() {
+		return 0, nil
+	}
+	var moved int64
+	err := s.withTx(ctx, sql.LevelReadCommitted, func(tx *sqlx.Tx) error {
+		prefix := domain.SiblingPrefix(merged.Root, merged.Parent)
+		var waiting bool
+		if err := tx.GetContext(ctx, &waiting, qPartsWaiting, repo, prefix, prefixEnd(prefix)); err != nil || waiting {
+			return err
+		}
+		var qGroup []string
+		if err := tx.SelectContext(ctx, &qGroup, "SELECT grp FROM merge_batch WHERE id = ? AND repo = ?", merged.Parent, repo); err != nil || len(qGroup) == 0 {
+			return err
+		}
+		parent, first, ok := domain.Resume(merged, qGroup[0])
+		if !ok {
+			return nil
+		}
+		var ids []int64
+		if err := tx.SelectContext(ctx, &ids, qDeferredOf, repo, domain.RestGroup(merged.Root), parent); err != nil || len(ids) == 0 {
+			return err
+		}
+		at := 0
+		for k, size := range domain.ResumeParts(len(ids)) {
+			part := ids[at : at+size]
+			at += size
+			if err := forChunks(len(part), maxInPlaceholders, func(lo, hi int) error {
+				args := []any{domain.PartGroup(merged.Root, parent, first+k), first + k}
+				for _, id := range part[lo:hi] {
+					args = append(args, id)
+				}
+				r, err := tx.ExecContext(ctx, "UPDATE merge_batch_request SET grp = ?, half = ? WHERE batch_id IS NULL AND id IN ("+
+					inPlaceholders(hi-lo)+")", args...)
+				if err != nil {
+					return err
+				}
+				return mustAffect(r, int64(hi-lo))
+			}); err != nil {
+				return err
+			}
+		}
+		moved = int64(len(ids))
+		return recordBatchEvent(ctx, tx, merged.Parent, EventSearchResumed, "resumed",
+			fmt.Sprintf("every part of batch %d merged, so its failure was a flake: the %d member(s) of failed batch %d deferred when it failed go back to that batch's parts from part %d on (%s)",
+				merged.Parent, len(ids), parent, first, joinSizes(domain.ResumeParts(len(ids)))))
+	})
+	return moved, err
+}
+
+// prefixEnd is the first string after every string that starts with prefix (its last
+// byte + 1), for a range read of a utf8mb4_bin column.
+func prefixEnd(prefix string) string {
+	return prefix[:len(prefix)-1] + string(prefix[len(prefix)-1]+1)
+}
+
+func joinSizes(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = fmt.Sprint(x)
+	}
+	return "parts of " + strings.Join(s, ", ")
 }

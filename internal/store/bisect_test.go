@@ -416,3 +416,87 @@ func TestExplainDeferSiblings(t *testing.T) {
 		t.Fatalf("deferral plan %+v, want a range of idx_repo_group_waiting", rows)
 	}
 }
+
+// When every part of a failed part merged (its failure was a flake), the siblings its
+// failure deferred go back from the remainder to their parent's chain, split again, in
+// queue order; other remainder rows stay; nothing happens while a part still waits, or
+// twice.
+func TestSearchResumeAfterCleanPart(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := context.Background()
+	const repo = "g/resume"
+	storetest.InsertQueuedOps(t, st, repo, 8)
+	p := btClaim(t, st, repo, 100, store.ClaimClaimed)
+	ms, err := st.BatchWaitingMembers(ctx, p.BatchID)
+	if err != nil || len(ms) != 8 {
+		t.Fatalf("BatchWaitingMembers = %d, %v", len(ms), err)
+	}
+	var plan []store.MemberFate
+	for i, part := range []int{1, 1, 1, 1, 2, 2, 3, 4} {
+		plan = append(plan, store.MemberFate{OperationID: ms[i].OperationID, Group: domain.PartGroup(p.BatchID, p.BatchID, part),
+			Kind: domain.KindBisect, Depth: 1, Half: part, Event: "bisected"})
+	}
+	if _, err := st.BatchSettleIsolate(ctx, p.BatchID, domain.BatchRunning, 1, "test", "failed", plan, store.Deferral{}); err != nil {
+		t.Fatal(err)
+	}
+	// A remainder row of another level (another parent) must stay where it is.
+	other := storetest.InsertQueuedOps(t, st, repo, 1)
+	if _, err := st.DB().Exec("UPDATE merge_batch_request SET grp = ?, kind = 'bisect', parent_id = 999999 WHERE operation_id = ?",
+		domain.RestGroup(p.BatchID), other[0]); err != nil {
+		t.Fatal(err)
+	}
+	a, err := st.BatchClaimFollowUp(ctx, repo, 100)
+	if err != nil || len(a.OperationIDs) != 4 {
+		t.Fatalf("part 1 claim = %+v, %v", a, err)
+	}
+	var aplan []store.MemberFate
+	for i, part := range []int{1, 1, 2, 3} {
+		aplan = append(aplan, store.MemberFate{OperationID: a.OperationIDs[i], Group: domain.PartGroup(p.BatchID, a.BatchID, part),
+			Kind: domain.KindBisect, Depth: 2, Half: part, Event: "bisected"})
+	}
+	d := store.Deferral{Repo: repo, Prefix: domain.SiblingPrefix(p.BatchID, p.BatchID), Into: domain.RestGroup(p.BatchID)}
+	if _, err := st.BatchSettleIsolate(ctx, a.BatchID, domain.BatchRunning, 1, "test", "flaky", aplan, d); err != nil {
+		t.Fatal(err)
+	}
+	// Every part of part 1 merges; only the last one's merge resumes.
+	for part, n := range []int{2, 1, 1} {
+		r, err := st.BatchClaimFollowUp(ctx, repo, 100)
+		if err != nil || r.Group != domain.PartGroup(p.BatchID, a.BatchID, part+1) || len(r.OperationIDs) != n {
+			t.Fatalf("claim of part %d = %+v, %v", part+1, r, err)
+		}
+		if _, err := st.BatchSettleSucceeded(ctx, r.BatchID, domain.BatchRunning, 1); err != nil {
+			t.Fatal(err)
+		}
+		g, _ := domain.ParseSearchGroup(r.Group)
+		moved, err := st.SearchResume(ctx, repo, g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]int64{true: 4, false: 0}[part == 2]; moved != want {
+			t.Fatalf("SearchResume after part %d = %d, want %d", part+1, moved, want)
+		}
+	}
+	// The batch of 8's parts 2-4 are back as its parts 2, 3, 4 (2, 1, 1 members).
+	for part, want := range map[int][]string{2: ids(ms[4:6]), 3: ids(ms[6:7]), 4: ids(ms[7:8])} {
+		var got []string
+		if err := st.DB().Select(&got, "SELECT operation_id FROM merge_batch_request WHERE batch_id IS NULL AND grp = ? AND half = ? ORDER BY created_at, id",
+			domain.PartGroup(p.BatchID, p.BatchID, part), part); err != nil || !slices.Equal(got, want) {
+			t.Fatalf("part %d after the resume: %v (%v), want %v", part, got, err, want)
+		}
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM merge_batch_request WHERE grp = ? AND operation_id = ?", domain.RestGroup(p.BatchID), other[0]); n != 1 {
+		t.Fatal("the resume moved a remainder row of another parent")
+	}
+	if n := btCount(t, st, "SELECT COUNT(*) FROM audit_event WHERE batch_id = ? AND code = ?", a.BatchID, store.EventSearchResumed); n != 1 {
+		t.Fatalf("%d resume events, want 1", n)
+	}
+	// Nothing more to resume; the next claim is part 2 of the batch of 8.
+	if moved, err := st.SearchResume(ctx, repo, domain.SearchGroup{Root: p.BatchID, Parent: a.BatchID, Part: 3}); err != nil || moved != 0 {
+		t.Fatalf("second resume = %d, %v", moved, err)
+	}
+	if r, err := st.BatchClaimFollowUp(ctx, repo, 100); err != nil || r.Group != domain.PartGroup(p.BatchID, p.BatchID, 2) || !slices.Equal(r.OperationIDs, ids(ms[4:6])) {
+		t.Fatalf("claim after the resume = %+v, %v", r, err)
+	}
+}
+
+func ids(ms []store.WaitingMember) []string { return ms2ids(ms) }
