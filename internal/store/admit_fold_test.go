@@ -131,6 +131,21 @@ func TestAdmissionCaseCollisionConcurrent(t *testing.T) {
 	})
 }
 
+// Where the ids of a multi-row INSERT do not follow each other (innodb_autoinc_lock_mode
+// 2, Galera), a group reads them back instead of computing them; every answer is still
+// exactly the stored row (admissionRace compares each with OperationGet).
+func TestAdmissionReadsIDsBackWhenNotConsecutive(t *testing.T) {
+	statementModes(t, func(t *testing.T, plain bool) {
+		st, _ := storetest.New(t)
+		store.SetAutoincStep(st, 0)
+		st.SetAdmitOptions(store.AdmitOptions{MaxInflight: 1, Linger: 2 * time.Millisecond, PlainStatements: plain})
+		admissionRace(t, []*store.Store{st}, 1)
+		if s := st.AdmitStats(); s.Grouped <= s.Groups {
+			t.Fatalf("no group held more than one request: %+v", s)
+		}
+	})
+}
+
 func rowCount(t *testing.T, st *store.Store, table string) int {
 	t.Helper()
 	var n int
