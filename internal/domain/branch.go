@@ -3,6 +3,7 @@ package domain
 import (
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Git trailers every batch commit carries (README, "Installation
@@ -11,7 +12,22 @@ import (
 const (
 	TrailerInstallation = "Batcherd-Installation"
 	TrailerBatch        = "Batcherd-Batch"
+	// TrailerBatchClaimed is the batch's claim time (BatchStamp): batch ids are unique
+	// in one database but a restore from an older backup issues them again, and the
+	// MRs GitLab keeps from after the backup carry the same installation and id. The
+	// claim time of the re-issued batch differs, so its MR search never adopts them.
+	TrailerBatchClaimed = "Batcherd-Batch-Claimed"
 )
+
+// BatchStamp is the value of TrailerBatchClaimed for a batch claimed at claimed (the
+// batch row's created_at, read in UTC to the microsecond): a per-batch nonce that needs
+// no column of its own.
+func BatchStamp(claimed time.Time) string {
+	if claimed.IsZero() {
+		return ""
+	}
+	return claimed.UTC().Format("2006-01-02T15:04:05.000000Z")
+}
 
 // branchRoot is the prefix of every batch branch.
 const branchRoot = "batcherd/"

@@ -269,8 +269,8 @@ func (c *Client) getBranch(ctx context.Context, project, branch string) (*glBran
 // its operations merged with none of their files written. When MRs exist for the
 // branch but none is the batch's, FindMR returns a *ForeignMRError naming the best of
 // them, and the caller leaves it alone.
-func (c *Client) FindMR(ctx context.Context, project, sourceBranch string, batchID int64) (MergeRequest, bool, error) {
-	owner := ownerOf(sourceBranch, batchID)
+func (c *Client) FindMR(ctx context.Context, project, sourceBranch string, batch BatchRef) (MergeRequest, bool, error) {
+	owner := ownerOf(sourceBranch, batch)
 	all, err := c.listMRs(ctx, "find_mr", project, &gitlab.ListProjectMergeRequestsOptions{
 		State:        gitlab.Ptr("all"),
 		SourceBranch: &sourceBranch,
@@ -327,11 +327,11 @@ func (c *Client) FindMR(ctx context.Context, project, sourceBranch string, batch
 // names, Batcherd-Batch: batchID). Whoever closes or adopts an MR found by its branch
 // name asks this first: the name is predictable, and someone else's MR on it — another
 // installation's, a human's — is never batcherd's to close, nor its merge the batch's.
-func (c *Client) IsBatchMR(ctx context.Context, project string, m MergeRequest, batchID int64) (bool, error) {
+func (c *Client) IsBatchMR(ctx context.Context, project string, m MergeRequest, batch BatchRef) (bool, error) {
 	if m.TargetBranch != c.cfg.TargetBranch {
 		return false, nil // into another branch: never the batch's (as in FindMR)
 	}
-	return c.mrCarries(ctx, project, m.IID, ownerOf(m.SourceBranch, batchID))
+	return c.mrCarries(ctx, project, m.IID, ownerOf(m.SourceBranch, batch))
 }
 
 // maxMRCommitPages bounds how many pages of an MR's commits mrCarries reads: a batch
@@ -394,7 +394,7 @@ func (c *Client) listMRs(ctx context.Context, op, project string, opt *gitlab.Li
 // *ForeignMRError instead of opening one beside it (GitLab refuses a second open MR
 // for a branch anyway).
 func (c *Client) EnsureMR(ctx context.Context, project string, spec MRSpec) (MergeRequest, error) {
-	if mr, found, err := c.FindMR(ctx, project, spec.SourceBranch, spec.BatchID); err != nil || found {
+	if mr, found, err := c.FindMR(ctx, project, spec.SourceBranch, spec.Batch); err != nil || found {
 		return mr, err
 	}
 	target := spec.TargetBranch
@@ -416,7 +416,7 @@ func (c *Client) EnsureMR(ctx context.Context, project string, spec MRSpec) (Mer
 	if isStatus(err, http.StatusConflict) || ClassOf(err) == ClassTransient {
 		// 409: another replica (or our own lost answer) created it. Transient: the
 		// answer may have been lost after GitLab created it. Either way, read again.
-		mr, found, ferr := c.FindMR(ctx, project, spec.SourceBranch, spec.BatchID)
+		mr, found, ferr := c.FindMR(ctx, project, spec.SourceBranch, spec.Batch)
 		if ferr == nil && found {
 			return mr, nil
 		}

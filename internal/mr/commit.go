@@ -60,13 +60,13 @@ type Commit struct {
 // A batch larger than MaxActionsPerCommit / MaxCommitBytes becomes several commits,
 // each carrying the batch trailer and "Batcherd-Chunk: k/n"; the split depends only on
 // the input, so a call interrupted after chunk k resumes at chunk k+1.
-func (c *Client) CommitFiles(ctx context.Context, project, branch, from string, batchID int64, message string, files []FileAction) (Commit, error) {
-	commit, err := c.commitFiles(ctx, project, branch, from, batchID, message, files)
+func (c *Client) CommitFiles(ctx context.Context, project, branch, from string, batch BatchRef, message string, files []FileAction) (Commit, error) {
+	commit, err := c.commitFiles(ctx, project, branch, from, batch, message, files)
 	if errors.Is(err, errBranchAppeared) {
 		// Someone created the branch between our read and our commit (another
 		// replica resuming this batch, whose commit the read now finds, or a
 		// human): once more, on the branch as it is now.
-		commit, err = c.commitFiles(ctx, project, branch, from, batchID, message, files)
+		commit, err = c.commitFiles(ctx, project, branch, from, batch, message, files)
 	}
 	if errors.Is(err, errBranchAppeared) {
 		return Commit{}, &Error{Op: "create_branch", Class: ClassTransient, Message: "the branch " + branch + " appeared and vanished while it was being created"}
@@ -77,8 +77,8 @@ func (c *Client) CommitFiles(ctx context.Context, project, branch, from string, 
 // errBranchAppeared: the commit meant to create the branch found it already there.
 var errBranchAppeared = errors.New("mr: the branch was created meanwhile")
 
-func (c *Client) commitFiles(ctx context.Context, project, branch, from string, batchID int64, message string, files []FileAction) (Commit, error) {
-	owner := ownerOf(branch, batchID)
+func (c *Client) commitFiles(ctx context.Context, project, branch, from string, batch BatchRef, message string, files []FileAction) (Commit, error) {
+	owner := ownerOf(branch, batch)
 	plan := c.planChunks(files)
 	head, found, err := c.getBranch(ctx, project, branch)
 	if err != nil {
@@ -305,6 +305,9 @@ func commitMessage(message string, owner Owner, chunk, chunks int) string {
 		fmt.Fprintf(&b, "%s: %s\n", domain.TrailerInstallation, owner.Installation)
 	}
 	fmt.Fprintf(&b, "%s: %d", CommitTrailer, owner.BatchID)
+	if owner.Stamp != "" {
+		fmt.Fprintf(&b, "\n%s: %s", domain.TrailerBatchClaimed, owner.Stamp)
+	}
 	if chunks > 1 {
 		fmt.Fprintf(&b, "\n%s: %d/%d", ChunkTrailer, chunk, chunks)
 	}
@@ -334,6 +337,7 @@ type commitTrailers struct {
 	installation string
 	batchID      int64
 	hasBatch     bool
+	stamp        string // Batcherd-Batch-Claimed, "" when absent
 	k, n         int
 }
 
@@ -358,6 +362,8 @@ func readTrailers(c *glCommit) commitTrailers {
 			if v, err := strconv.ParseInt(val, 10, 64); err == nil {
 				t.batchID, t.hasBatch = v, true
 			}
+		case domain.TrailerBatchClaimed:
+			t.stamp = val
 		case ChunkTrailer:
 			a, b, _ := strings.Cut(val, "/")
 			t.k, _ = strconv.Atoi(a)
@@ -381,12 +387,21 @@ func readTrailers(c *glCommit) commitTrailers {
 	if t.installation == "" {
 		t.installation, _ = parsed(domain.TrailerInstallation)
 	}
+	if t.stamp == "" {
+		t.stamp, _ = parsed(domain.TrailerBatchClaimed)
+	}
 	return t
 }
 
 // carries reports whether the commit carries owner's trailers: this installation's id
-// (none for a legacy owner) and this batch's id.
+// (none for a legacy owner), this batch's id and, when both the commit and the owner
+// have one, this batch's claim time — a commit with another claim time is a batch of
+// the same id that a restored database forgot. A commit without one was made before
+// the trailer existed.
 func (t commitTrailers) carries(owner Owner) bool {
+	if t.stamp != "" && owner.Stamp != "" && t.stamp != owner.Stamp {
+		return false
+	}
 	return t.hasBatch && t.batchID == owner.BatchID && t.installation == owner.Installation
 }
 

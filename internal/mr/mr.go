@@ -32,13 +32,27 @@ const CommitTrailer = domain.TrailerBatch
 type Owner struct {
 	Installation string
 	BatchID      int64
+	// Stamp is the batch's claim time (domain.BatchStamp; "" when unknown): a commit
+	// that carries a Batcherd-Batch-Claimed trailer is the batch's only when it is this
+	// one, so a database restored from an older backup, which issues the same batch ids
+	// again, never adopts the MRs of the batches it forgot. Commits from before the
+	// trailer existed carry none and are judged by installation and id alone.
+	Stamp string
 }
 
-// ownerOf is the owner of branch as batch batchID: the installation comes from the
-// branch name (none when the name is not an installation's batch branch).
-func ownerOf(branch string, batchID int64) Owner {
+// BatchRef names the batch whose branch, commit or MR is meant: its id and the claim
+// time of its row (merge_batch.created_at; zero when unknown, e.g. a row the database
+// lost).
+type BatchRef struct {
+	ID      int64
+	Claimed time.Time
+}
+
+// ownerOf is the owner of branch as batch b: the installation comes from the branch
+// name (none when the name is not an installation's batch branch).
+func ownerOf(branch string, b BatchRef) Owner {
 	inst, _, _ := domain.ParseBranch(branch)
-	return Owner{Installation: inst, BatchID: batchID}
+	return Owner{Installation: inst, BatchID: b.ID, Stamp: domain.BatchStamp(b.Claimed)}
 }
 
 // ForeignMRError: the MR found for a batch's branch is not the batch's — its commits do
@@ -134,7 +148,7 @@ type FileAction struct {
 // MRSpec describes the MR to ensure for a batch branch.
 type MRSpec struct {
 	SourceBranch string
-	BatchID      int64 // the batch of SourceBranch: its commits carry it (FindMR)
+	Batch        BatchRef // the batch of SourceBranch: its commits carry it (FindMR)
 	TargetBranch string
 	Title        string
 	Description  string

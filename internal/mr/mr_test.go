@@ -82,9 +82,9 @@ func wantClass(t *testing.T, err error, class mr.Class, status int) *mr.Error {
 func publish(t *testing.T, c *mr.Client, batch int64, files []mr.FileAction) (mr.MergeRequest, string) {
 	t.Helper()
 	branch := fmt.Sprintf("batcherd/batch-%d", batch)
-	sha := must(c.CommitFiles(ctx(t), proj, branch, "main", batch, fmt.Sprintf("batcherd: batch %d", batch), files)).SHA
+	sha := must(c.CommitFiles(ctx(t), proj, branch, "main", mr.BatchRef{ID: batch}, fmt.Sprintf("batcherd: batch %d", batch), files)).SHA
 	m := must(c.EnsureMR(ctx(t), proj, mr.MRSpec{
-		SourceBranch: branch, BatchID: batch, TargetBranch: "main", Title: fmt.Sprintf("batcherd: batch %d", batch),
+		SourceBranch: branch, Batch: mr.BatchRef{ID: batch}, TargetBranch: "main", Title: fmt.Sprintf("batcherd: batch %d", batch),
 		Description: fmt.Sprintf("Batch %d", batch), Labels: []string{"access"},
 	}))
 	return m, sha
@@ -161,8 +161,8 @@ func TestCommitFilesIsIdempotentByTrailer(t *testing.T) {
 		t.Fatal(err)
 	}
 	files := []mr.FileAction{grant("alice", "db")}
-	first := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-7", "", 7, "batch 7", files))
-	again := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-7", "", 7, "batch 7", files))
+	first := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-7", "", mr.BatchRef{ID: 7}, "batch 7", files))
+	again := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-7", "", mr.BatchRef{ID: 7}, "batch 7", files))
 	if first != again || first.Empty || sim.CommitCount(proj, "batcherd/batch-7") != 1 {
 		t.Fatalf("second call made another commit: %+v vs %+v, %d commits", first, again, sim.CommitCount(proj, "batcherd/batch-7"))
 	}
@@ -172,17 +172,17 @@ func TestCommitFilesIsIdempotentByTrailer(t *testing.T) {
 		t.Fatal(err)
 	}
 	head, _, _ := sim.HeadCommit(proj, "batcherd/batch-8")
-	noop := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-8", "", 8, "batch 8", []mr.FileAction{{Path: "bindings/x/y.yaml", Delete: true}}))
+	noop := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-8", "", mr.BatchRef{ID: 8}, "batch 8", []mr.FileAction{{Path: "bindings/x/y.yaml", Delete: true}}))
 	if noop.SHA != head || !noop.Empty || sim.CommitCount(proj, "batcherd/batch-8") != 0 {
 		t.Fatalf("a no-op batch committed: %+v vs %s", noop, head)
 	}
 	mainHead, _, _ := sim.HeadCommit(proj, "main")
-	noop = must(c.CommitFiles(ctx(t), proj, "batcherd/batch-9", "", 9, "batch 9", []mr.FileAction{{Path: "bindings/x/y.yaml", Delete: true}}))
+	noop = must(c.CommitFiles(ctx(t), proj, "batcherd/batch-9", "", mr.BatchRef{ID: 9}, "batch 9", []mr.FileAction{{Path: "bindings/x/y.yaml", Delete: true}}))
 	if _, made := sim.Branches(proj)["batcherd/batch-9"]; noop.SHA != mainHead || !noop.Empty || made {
 		t.Fatalf("a no-op batch without a branch: %+v (main %s), branch made: %v", noop, mainHead, made)
 	}
 	// A branch that does not exist starts from the start branch, which must exist.
-	_, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-404", "no-such-branch", 404, "x", files)
+	_, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-404", "no-such-branch", mr.BatchRef{ID: 404}, "x", files)
 	wantClass(t, err, mr.ClassNotFound, http.StatusNotFound)
 	if _, made := sim.Branches(proj)["batcherd/batch-404"]; made {
 		t.Fatal("a commit from a missing start branch created the branch")
@@ -198,7 +198,7 @@ func TestBatchBranchIsCreatedByItsCommit(t *testing.T) {
 	mainHead, _, _ := sim.HeadCommit(proj, "main")
 	files := []mr.FileAction{grant("alice", "db"), grant("bob", "db")}
 
-	got := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-1", "main", 1, "batch 1", files))
+	got := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-1", "main", mr.BatchRef{ID: 1}, "batch 1", files))
 	head, msg, ok := sim.HeadCommit(proj, "batcherd/batch-1")
 	if !ok || got.Empty || got.SHA != head || !strings.Contains(msg, "Batcherd-Batch: 1") {
 		t.Fatalf("commit %+v, branch head %s %q (exists %v)", got, head, msg, ok)
@@ -216,7 +216,7 @@ func TestBatchBranchIsCreatedByItsCommit(t *testing.T) {
 		t.Errorf("the branch was created on its own (%d calls)", n)
 	}
 	// Resumed (a replica that died before recording anything): no second commit.
-	if again := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-1", "main", 1, "batch 1", files)); again != got {
+	if again := must(c.CommitFiles(ctx(t), proj, "batcherd/batch-1", "main", mr.BatchRef{ID: 1}, "batch 1", files)); again != got {
 		t.Fatalf("resume: %+v, want %+v", again, got)
 	}
 	if n := sim.CommitCount(proj, "batcherd/batch-1"); n != 1 {
@@ -228,7 +228,7 @@ func TestBatchBranchIsCreatedByItsCommit(t *testing.T) {
 	if err := c.EnsureBranch(ctx(t), proj, "batcherd/batch-2", "main"); err != nil {
 		t.Fatal(err)
 	}
-	must(c.CommitFiles(ctx(t), proj, "batcherd/batch-2", "main", 2, "batch 2", files))
+	must(c.CommitFiles(ctx(t), proj, "batcherd/batch-2", "main", mr.BatchRef{ID: 2}, "batch 2", files))
 	if n, _ := sim.PipelineCount(proj, "batcherd/batch-2"); n != 2 {
 		t.Errorf("%d pipelines for a branch created before its commit, want 2", n)
 	}
@@ -238,7 +238,7 @@ func TestBatchBranchIsCreatedByItsCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	must(split.CommitFiles(ctx(t), proj, "batcherd/batch-3", "main", 3, "batch 3", []mr.FileAction{grant("a", "x"), grant("b", "x"), grant("c", "x")}))
+	must(split.CommitFiles(ctx(t), proj, "batcherd/batch-3", "main", mr.BatchRef{ID: 3}, "batch 3", []mr.FileAction{grant("a", "x"), grant("b", "x"), grant("c", "x")}))
 	if n := sim.CommitCount(proj, "batcherd/batch-3"); n != 3 {
 		t.Fatalf("%d commits for a batch split in 3", n)
 	}
@@ -289,7 +289,7 @@ func TestBranchCreatedMeanwhile(t *testing.T) {
 			}
 			done := make(chan result, 1)
 			go func() {
-				cm, err := c.CommitFiles(context.Background(), proj, branch, "main", 4, "batch 4", files)
+				cm, err := c.CommitFiles(context.Background(), proj, branch, "main", mr.BatchRef{ID: 4}, "batch 4", files)
 				done <- result{cm, err}
 			}()
 			for deadline := time.Now().Add(10 * time.Second); sim.FaultApplied(fid) == 0; time.Sleep(5 * time.Millisecond) {
@@ -299,7 +299,7 @@ func TestBranchCreatedMeanwhile(t *testing.T) {
 			}
 			var theirs mr.Commit
 			if other == "replica" {
-				theirs = must(c.CommitFiles(ctx(t), proj, branch, "main", 4, "batch 4", files))
+				theirs = must(c.CommitFiles(ctx(t), proj, branch, "main", mr.BatchRef{ID: 4}, "batch 4", files))
 			} else if err := c.EnsureBranch(ctx(t), proj, branch, "main"); err != nil {
 				t.Fatal(err)
 			}
@@ -329,18 +329,18 @@ func TestBranchCreatedMeanwhile(t *testing.T) {
 
 func TestFindMRAnyStateAndNeverASecond(t *testing.T) {
 	sim, c := setup(t, gitlabsim.Options{ManualPipelines: true})
-	if _, found, err := c.FindMR(ctx(t), proj, "batcherd/batch-1", 1); err != nil || found {
+	if _, found, err := c.FindMR(ctx(t), proj, "batcherd/batch-1", mr.BatchRef{ID: 1}); err != nil || found {
 		t.Fatalf("FindMR on a fresh branch: found=%v err=%v", found, err)
 	}
 	m, _ := publish(t, c, 1, []mr.FileAction{grant("alice", "db")})
 	if err := sim.CloseMR(proj, m.IID); err != nil {
 		t.Fatal(err)
 	}
-	found, ok, err := c.FindMR(ctx(t), proj, "batcherd/batch-1", 1)
+	found, ok, err := c.FindMR(ctx(t), proj, "batcherd/batch-1", mr.BatchRef{ID: 1})
 	if err != nil || !ok || found.IID != m.IID || found.State != mr.StateClosed || found.ClosedAt == nil {
 		t.Fatalf("FindMR of a closed MR: %+v ok=%v err=%v", found, ok, err)
 	}
-	again := must(c.EnsureMR(ctx(t), proj, mr.MRSpec{SourceBranch: "batcherd/batch-1", BatchID: 1, Title: "x"}))
+	again := must(c.EnsureMR(ctx(t), proj, mr.MRSpec{SourceBranch: "batcherd/batch-1", Batch: mr.BatchRef{ID: 1}, Title: "x"}))
 	if again.IID != m.IID || len(sim.MRsByBranch(proj)["batcherd/batch-1"]) != 1 {
 		t.Fatalf("EnsureMR opened a second MR for a branch whose MR is closed: %+v", sim.MRsByBranch(proj))
 	}
@@ -356,7 +356,7 @@ func TestFindMRIgnoresForksAndOtherTargets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, found, err := c.FindMR(ctx(t), proj, branch, 4); err != nil || found {
+	if _, found, err := c.FindMR(ctx(t), proj, branch, mr.BatchRef{ID: 4}); err != nil || found {
 		t.Fatalf("FindMR adopted a fork's MR: found=%v err=%v", found, err)
 	}
 	if err := c.EnsureBranch(ctx(t), proj, branch, "main"); err != nil {
@@ -368,14 +368,14 @@ func TestFindMRIgnoresForksAndOtherTargets(t *testing.T) {
 	if _, err := sim.OpenMR(proj, branch, "release", nil, false); err != nil {
 		t.Fatal(err)
 	}
-	if _, found, err := c.FindMR(ctx(t), proj, branch, 4); err != nil || found {
+	if _, found, err := c.FindMR(ctx(t), proj, branch, mr.BatchRef{ID: 4}); err != nil || found {
 		t.Fatalf("FindMR adopted an MR into another branch: found=%v err=%v", found, err)
 	}
 	m, _ := publish(t, c, 4, []mr.FileAction{grant("alice", "db")})
 	if m.IID == forked || m.SourceBranch != branch || m.TargetBranch != "main" {
 		t.Fatalf("EnsureMR answered %+v, want the batch's own MR", m)
 	}
-	if found, ok, err := c.FindMR(ctx(t), proj, branch, 4); err != nil || !ok || found.IID != m.IID {
+	if found, ok, err := c.FindMR(ctx(t), proj, branch, mr.BatchRef{ID: 4}); err != nil || !ok || found.IID != m.IID {
 		t.Fatalf("FindMR = %+v ok=%v err=%v, want !%d", found, ok, err, m.IID)
 	}
 }
@@ -385,13 +385,13 @@ func TestEnsureMRConcurrentReplicasMakeOneMR(t *testing.T) {
 	if err := c.EnsureBranch(ctx(t), proj, "batcherd/batch-3", "main"); err != nil {
 		t.Fatal(err)
 	}
-	must(c.CommitFiles(ctx(t), proj, "batcherd/batch-3", "", 3, "batch 3", []mr.FileAction{grant("a", "b")}))
+	must(c.CommitFiles(ctx(t), proj, "batcherd/batch-3", "", mr.BatchRef{ID: 3}, "batch 3", []mr.FileAction{grant("a", "b")}))
 	var wg sync.WaitGroup
 	iids := make([]int64, 8)
 	errs := make([]error, 8)
 	for i := range iids {
 		wg.Go(func() {
-			m, err := c.EnsureMR(context.Background(), proj, mr.MRSpec{SourceBranch: "batcherd/batch-3", BatchID: 3, Title: "batch 3"})
+			m, err := c.EnsureMR(context.Background(), proj, mr.MRSpec{SourceBranch: "batcherd/batch-3", Batch: mr.BatchRef{ID: 3}, Title: "batch 3"})
 			iids[i], errs[i] = m.IID, err
 		})
 	}
@@ -712,7 +712,7 @@ func TestErrorClasses(t *testing.T) {
 		t.Fatalf("400 message: %q", e.Message)
 	}
 	// 403: the protected default branch refuses pushes.
-	_, err = c.CommitFiles(ctx(t), proj, "main", "", 1, "x", []mr.FileAction{grant("a", "b")})
+	_, err = c.CommitFiles(ctx(t), proj, "main", "", mr.BatchRef{ID: 1}, "x", []mr.FileAction{grant("a", "b")})
 	if e := wantClass(t, err, mr.ClassPermanent, 403); !strings.Contains(e.Message, "You are not allowed to push into this branch") {
 		t.Fatalf("403 message: %q", e.Message)
 	}
@@ -747,14 +747,14 @@ func TestErrorClasses(t *testing.T) {
 	if err := c.EnsureBranch(ctx(t), proj, "batcherd/batch-3", "main"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-3", "", 3, "x", []mr.FileAction{grant("a", "b")}); err != nil {
+	if _, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-3", "", mr.BatchRef{ID: 3}, "x", []mr.FileAction{grant("a", "b")}); err != nil {
 		t.Fatalf("read retried through two 502s: %v", err)
 	}
 	sim.ClearFaults()
 
 	// A dropped connection on reads is retried; when it persists, it is transient.
 	sim.InjectFault(gitlabsim.Fault{Method: "GET", Route: "/projects/:id/merge_requests", Drop: true})
-	_, _, err = c.FindMR(ctx(t), proj, "batcherd/batch-3", 3)
+	_, _, err = c.FindMR(ctx(t), proj, "batcherd/batch-3", mr.BatchRef{ID: 3})
 	wantClass(t, err, mr.ClassTransient, 0)
 	sim.ClearFaults()
 
@@ -952,7 +952,7 @@ func TestFindMRAdoptsOnlyMRsCarryingTheBatchTrailers(t *testing.T) {
 		if err := sim.MergeMR(proj, iid); err != nil {
 			t.Fatal(err)
 		}
-		m, found, err := c.FindMR(ctx(t), proj, branch, id)
+		m, found, err := c.FindMR(ctx(t), proj, branch, mr.BatchRef{ID: id})
 		var foreign *mr.ForeignMRError
 		switch {
 		case tc.ours && (err != nil || !found || m.IID != iid):
@@ -961,7 +961,7 @@ func TestFindMRAdoptsOnlyMRsCarryingTheBatchTrailers(t *testing.T) {
 			t.Errorf("%s: FindMR = found=%v err=%v, want a ForeignMRError naming !%d", tc.name, found, err, iid)
 		}
 		if !tc.ours {
-			_, err := c.EnsureMR(ctx(t), proj, mr.MRSpec{SourceBranch: branch, BatchID: id, Title: "x"})
+			_, err := c.EnsureMR(ctx(t), proj, mr.MRSpec{SourceBranch: branch, Batch: mr.BatchRef{ID: id}, Title: "x"})
 			if !errors.As(err, &foreign) {
 				t.Errorf("%s: EnsureMR = %v, want the ForeignMRError", tc.name, err)
 			}
@@ -973,13 +973,13 @@ func TestFindMRAdoptsOnlyMRsCarryingTheBatchTrailers(t *testing.T) {
 	if err := c.EnsureBranch(ctx(t), proj, branch, "main"); err != nil {
 		t.Fatal(err)
 	}
-	must(c.CommitFiles(ctx(t), proj, branch, "", 7, "batch 7", []mr.FileAction{grant("a", "b")}))
+	must(c.CommitFiles(ctx(t), proj, branch, "", mr.BatchRef{ID: 7}, "batch 7", []mr.FileAction{grant("a", "b")}))
 	_, msg, _ := sim.HeadCommit(proj, branch)
 	if !strings.Contains(msg, "\n\nBatcherd-Installation: "+inst+"\nBatcherd-Batch: 7\n") {
 		t.Fatalf("commit message lacks the trailers:\n%s", msg)
 	}
-	m := must(c.EnsureMR(ctx(t), proj, mr.MRSpec{SourceBranch: branch, BatchID: 7, Title: "batch 7"}))
-	if got, found, err := c.FindMR(ctx(t), proj, branch, 7); err != nil || !found || got.IID != m.IID {
+	m := must(c.EnsureMR(ctx(t), proj, mr.MRSpec{SourceBranch: branch, Batch: mr.BatchRef{ID: 7}, Title: "batch 7"}))
+	if got, found, err := c.FindMR(ctx(t), proj, branch, mr.BatchRef{ID: 7}); err != nil || !found || got.IID != m.IID {
 		t.Fatalf("FindMR of batcherd's own MR: !%d %v %v", got.IID, found, err)
 	}
 }
@@ -1005,7 +1005,7 @@ func TestRevokeDeleteIsConfirmedAgainstTheFile(t *testing.T) {
 			t.Fatal(err)
 		}
 		fid := sim.InjectFault(lie)
-		got, err := c.CommitFiles(ctx(t), proj, branch, "", int64(50+i), "revoke", []mr.FileAction{{Path: path, Delete: true}})
+		got, err := c.CommitFiles(ctx(t), proj, branch, "", mr.BatchRef{ID: int64(50 + i)}, "revoke", []mr.FileAction{{Path: path, Delete: true}})
 		applied := sim.FaultApplied(fid)
 		sim.ClearFaults()
 		if err != nil {
@@ -1026,12 +1026,12 @@ func TestRevokeDeleteIsConfirmedAgainstTheFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	absent := domain.BindingPath("bob", "db/prod")
-	if got, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-60", "", 60, "revoke", []mr.FileAction{{Path: absent, Delete: true}}); err != nil || !got.Empty {
+	if got, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-60", "", mr.BatchRef{ID: 60}, "revoke", []mr.FileAction{{Path: absent, Delete: true}}); err != nil || !got.Empty {
 		t.Fatalf("delete of a file that is not there: %+v %v, want Empty", got, err)
 	}
 	sim.InjectFault(gitlabsim.Fault{Method: "GET", Route: "/projects/:id/repository/files/:file", Status: 404, Body: `{"message":"404 Not Found"}`})
 	defer sim.ClearFaults()
-	if got, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-60", "", 60, "revoke", []mr.FileAction{{Path: absent, Delete: true}}); err == nil || got.Empty {
+	if got, err := c.CommitFiles(ctx(t), proj, "batcherd/batch-60", "", mr.BatchRef{ID: 60}, "revoke", []mr.FileAction{{Path: absent, Delete: true}}); err == nil || got.Empty {
 		t.Fatalf("a 404 that is not the file's own: %+v %v, want an error", got, err)
 	}
 }

@@ -123,7 +123,7 @@ func (c CommitInfo) Carries(owner Owner) bool { return c.carries.carries(owner) 
 
 // OwnerOf is the owner of a batch branch: the installation its name carries (none for
 // a legacy branch) and the batch.
-func OwnerOf(branch string, batchID int64) Owner { return ownerOf(branch, batchID) }
+func OwnerOf(branch string, batch BatchRef) Owner { return ownerOf(branch, batch) }
 
 // MRCommits lists the MR's own commits (those not on its target), newest first.
 func (c *Client) MRCommits(ctx context.Context, project string, iid int64) ([]CommitInfo, error) {

@@ -110,7 +110,7 @@ func TestRebaseOfABatchMR(t *testing.T) {
 	}
 	got = must(c.GetMR(ctx(t), proj, m.IID))
 	commits := must(c.MRCommits(ctx(t), proj, m.IID))
-	if len(commits) != 1 || commits[0].ID != got.SHA || !commits[0].Carries(mr.OwnerOf("batcherd/batch-7", 7)) || commits[0].Carries(mr.OwnerOf("batcherd/batch-8", 8)) {
+	if len(commits) != 1 || commits[0].ID != got.SHA || !commits[0].Carries(mr.OwnerOf("batcherd/batch-7", mr.BatchRef{ID: 7})) || commits[0].Carries(mr.OwnerOf("batcherd/batch-8", mr.BatchRef{ID: 8})) {
 		t.Fatalf("MR commits after the rebase: %+v (head %s)", commits, got.SHA)
 	}
 	must0(sim.SucceedMRPipeline(proj, m.IID))

@@ -91,7 +91,7 @@ func (l *reconcileLoop) recordRebase(ctx context.Context, b domain.Batch, m mr.M
 	if len(commits) == 0 || commits[0].ID != m.SHA {
 		return b, false, nil
 	}
-	owner := mr.OwnerOf(b.SourceBranch, b.ID)
+	owner := mr.OwnerOf(b.SourceBranch, batchRef(b))
 	for _, c := range commits {
 		if !c.Carries(owner) {
 			return b, false, nil

@@ -84,10 +84,10 @@ func TestRecreatedDatabaseIgnoresOldMergedBatchMRs(t *testing.T) {
 				t.Fatal(err)
 			}
 			path := fmt.Sprintf("bindings/old/%s-%d.yaml", strings.ReplaceAll(branch, "/", "_"), id)
-			if _, err := e.gl.CommitFiles(bg, repo, branch, "", id, "an old batch", []mr.FileAction{{Path: path, Content: "old: true\n"}}); err != nil {
+			if _, err := e.gl.CommitFiles(bg, repo, branch, "", mr.BatchRef{ID: id}, "an old batch", []mr.FileAction{{Path: path, Content: "old: true\n"}}); err != nil {
 				t.Fatal(err)
 			}
-			m, err := e.gl.EnsureMR(bg, repo, mr.MRSpec{SourceBranch: branch, BatchID: id, TargetBranch: "main", Title: "old batch", Labels: []string{mr.Label}})
+			m, err := e.gl.EnsureMR(bg, repo, mr.MRSpec{SourceBranch: branch, Batch: mr.BatchRef{ID: id}, TargetBranch: "main", Title: "old batch", Labels: []string{mr.Label}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -274,4 +274,64 @@ func TestOrphanSweepLeavesAForeignMROnABatchBranch(t *testing.T) {
 			t.Errorf("operation %s merged by a human's MR that carries none of its files", id)
 		}
 	}
+}
+
+// A database restored from an older backup keeps its installation id and issues the
+// batch ids of the batches it forgot again; GitLab still has their MRs, merged, with
+// this installation's trailers for that id. The re-issued batch was claimed at another
+// time, and its commits carry that time (Batcherd-Batch-Claimed), so it never adopts
+// the forgotten batch's MR: before, it settled its operations merged with none of their
+// files written (a revoke then never applied). Here the restored database is a second
+// database with the first one's installation id, numbering from 1 again.
+func TestRestoredDatabaseNeverAdoptsAForgottenBatchesMR(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{}, repo)
+	bg := context.Background()
+	a := e.scanner("before-restore", nil)
+	idsA := storetest.InsertOps(t, e.st, storetest.Ops{Repo: repo, N: 3, Admit: true, Prefix: "forgotten"})
+	resA, err := a.RunRound(bg, repo)
+	if err != nil || resA.Outcome != store.ClaimClaimed {
+		t.Fatalf("round before the restore: %+v %v", resA, err)
+	}
+	if b := e.drive(a, resA.BatchID, 20*time.Second); b.Status != domain.BatchSucceeded {
+		t.Fatalf("batch before the restore: %s (%s)", b.Status, b.ErrorMessage)
+	}
+	e.requireFiles(repo, e.requireOps(idsA, domain.OpMerged), true)
+	inst, err := e.st.Installation(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	restored, _ := storetest.New(t)
+	if _, err := restored.DB().Exec("UPDATE installation SET installation_id = ? WHERE singleton = 1", inst); err != nil {
+		t.Fatal(err)
+	}
+	b := New(e.testConfig("after-restore"), restored, e.gl, testLogger(), prometheus.NewRegistry())
+	idsB := storetest.InsertOps(t, restored, storetest.Ops{Repo: repo, N: 3, Admit: true, Prefix: "restored"})
+	resB, err := b.RunRound(bg, repo)
+	if err != nil || resB.Outcome != store.ClaimClaimed || resB.BatchID != resA.BatchID {
+		t.Fatalf("round after the restore: %+v %v (the test needs batch %d again)", resB, err, resA.BatchID)
+	}
+	first := driveStore(t, restored, b, resB.BatchID, 20*time.Second)
+	if first.Status != domain.BatchFailed || first.ErrorCode != string(domain.ClassForeignMR) {
+		t.Fatalf("re-issued batch %d: %s %s %q; want failed %s (the forgotten batch's MR is not its own)",
+			first.ID, first.Status, first.ErrorCode, first.ErrorMessage, domain.ClassForeignMR)
+	}
+	// Its members go on in a new batch and their files land.
+	_, _ = b.RunRound(bg, repo)
+	retry, err := restored.BatchList(bg, store.BatchFilter{Repo: repo, Limit: 1})
+	if err != nil || len(retry) != 1 || retry[0].ID == first.ID {
+		t.Fatalf("no retry batch: %+v %v", retry, err)
+	}
+	if b2 := driveStore(t, restored, b, retry[0].ID, 20*time.Second); b2.Status != domain.BatchSucceeded {
+		t.Fatalf("retry batch: %s (%s: %s)", b2.Status, b2.ErrorCode, b2.ErrorMessage)
+	}
+	opsB := map[string]domain.Operation{}
+	for _, id := range idsB {
+		op, err := restored.OperationGet(bg, id)
+		if err != nil || op.Status != domain.OpMerged {
+			t.Fatalf("restored database, operation %s: %+v %v, want merged", id, op.Status, err)
+		}
+		opsB[id] = op
+	}
+	e.requireFiles(repo, opsB, true)
 }

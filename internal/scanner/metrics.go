@@ -209,14 +209,14 @@ func (g *instrumented) DeleteBranch(ctx context.Context, project, branch string)
 	return err
 }
 
-func (g *instrumented) CommitFiles(ctx context.Context, project, branch, from string, batchID int64, message string, files []mr.FileAction) (mr.Commit, error) {
-	c, err := g.gl.CommitFiles(ctx, project, branch, from, batchID, message, files)
+func (g *instrumented) CommitFiles(ctx context.Context, project, branch, from string, batch mr.BatchRef, message string, files []mr.FileAction) (mr.Commit, error) {
+	c, err := g.gl.CommitFiles(ctx, project, branch, from, batch, message, files)
 	g.count("commit_files", project, err)
 	return c, err
 }
 
-func (g *instrumented) FindMR(ctx context.Context, project, sourceBranch string, batchID int64) (mr.MergeRequest, bool, error) {
-	m, found, err := g.gl.FindMR(ctx, project, sourceBranch, batchID)
+func (g *instrumented) FindMR(ctx context.Context, project, sourceBranch string, batch mr.BatchRef) (mr.MergeRequest, bool, error) {
+	m, found, err := g.gl.FindMR(ctx, project, sourceBranch, batch)
 	g.count("find_mr", project, err)
 	return m, found, err
 }
@@ -257,8 +257,8 @@ func (g *instrumented) ListOpenLabeled(ctx context.Context, project, label strin
 	return ms, err
 }
 
-func (g *instrumented) IsBatchMR(ctx context.Context, project string, m mr.MergeRequest, batchID int64) (bool, error) {
-	ours, err := g.gl.IsBatchMR(ctx, project, m, batchID)
+func (g *instrumented) IsBatchMR(ctx context.Context, project string, m mr.MergeRequest, batch mr.BatchRef) (bool, error) {
+	ours, err := g.gl.IsBatchMR(ctx, project, m, batch)
 	g.count("is_batch_mr", project, err)
 	return ours, err
 }

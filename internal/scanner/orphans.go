@@ -130,7 +130,11 @@ func (l *orphanLoop) sweepOpenMR(ctx context.Context, repo, inst string, m mr.Me
 	// database re-created with the same installation id — is not ours to close, and if
 	// it merged while we closed it, "merged wins" below would settle the batch
 	// SUCCEEDED with someone else's merge.
-	ours, err := l.s.gl.IsBatchMR(ctx, repo, m, id)
+	ref := mr.BatchRef{ID: id} // a row the database lost: installation and id alone
+	if err == nil {
+		ref = batchRef(b)
+	}
+	ours, err := l.s.gl.IsBatchMR(ctx, repo, m, ref)
 	if err != nil {
 		l.s.itemErr("orphans", log, "reading the MR's commits failed", err)
 		return
@@ -185,7 +189,7 @@ func (l *orphanLoop) sweepFailed(ctx context.Context) error {
 			// by the protocol model, docs/MODEL.md). Someone else's MR on the branch is
 			// never the batch's.
 			var found bool
-			m, found, err = l.s.gl.FindMR(ctx, b.Repo, batchBranch(b), b.ID)
+			m, found, err = l.s.gl.FindMR(ctx, b.Repo, batchBranch(b), batchRef(b))
 			if isForeign(err) || (err == nil && !found) {
 				continue
 			}

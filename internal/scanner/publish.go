@@ -155,7 +155,7 @@ func (l *publishLoop) publish(ctx context.Context, bp *domain.Batch, log *slog.L
 	// Only an MR whose commits carry this installation's trailers for this batch is
 	// the batch's: anything else on the branch fails the batch, naming the MR, and is
 	// left alone.
-	m, found, err := l.s.gl.FindMR(ctx, b.Repo, branch, b.ID)
+	m, found, err := l.s.gl.FindMR(ctx, b.Repo, branch, batchRef(b))
 	if isForeign(err) {
 		return l.foreign(ctx, b, err, log)
 	}
@@ -225,7 +225,7 @@ func (l *publishLoop) writeBatch(ctx context.Context, b domain.Batch, branch str
 	// The commit creates the branch (from the target's head) when it is not there yet:
 	// a branch created on its own would cost a pipeline on the target's head that
 	// tests nothing of the batch (docs/ARCHITECTURE.md, "The loops").
-	commit, err := l.s.gl.CommitFiles(ctx, b.Repo, branch, l.cfg.target, b.ID, commitMessage(b, members), files)
+	commit, err := l.s.gl.CommitFiles(ctx, b.Repo, branch, l.cfg.target, batchRef(b), commitMessage(b, members), files)
 	if mr.IsContentRefusal(err) {
 		// GitLab refuses this content for good (a path it will not store): the same
 		// commit can never succeed, so the batch fails now with GitLab's words, and the
@@ -281,7 +281,7 @@ func (l *publishLoop) openMR(ctx context.Context, b domain.Batch, branch string,
 	l.s.step(ctx, "publish.renewed", b.ID)
 	m, err := l.s.gl.EnsureMR(ctx, rb.Repo, mr.MRSpec{
 		SourceBranch: branch,
-		BatchID:      rb.ID,
+		Batch:        batchRef(rb),
 		TargetBranch: l.cfg.target,
 		Title:        mrTitle(rb, w.members),
 		Description:  mrDescription(rb, w.members, w.why),
@@ -522,6 +522,10 @@ func principalMD(name string, cut int) string {
 // batchBranch is the batch's source branch as its claim recorded it
 // (batcherd/<installation>/batch-<id>; batcherd/batch-<id> for a batch claimed before
 // installations had ids).
+// batchRef names batch b to GitLab: its id and its claim time, which its commits carry
+// (domain.TrailerBatchClaimed), so a batch of a re-issued id never adopts another's MR.
+func batchRef(b domain.Batch) mr.BatchRef { return mr.BatchRef{ID: b.ID, Claimed: b.CreatedAt} }
+
 func batchBranch(b domain.Batch) string {
 	if b.SourceBranch != "" {
 		return b.SourceBranch

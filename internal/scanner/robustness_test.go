@@ -164,10 +164,10 @@ func TestOrphanSweepSurvivesOneBrokenRepo(t *testing.T) {
 	// An open labelled MR of a batch the database does not know (with that batch's
 	// commit, so it is batcherd's): an orphan.
 	branch := e.branch(999999)
-	if _, err := e.gl.CommitFiles(bg, healthy, branch, "main", 999999, "orphan", []mr.FileAction{{Path: "orphan.txt", Content: "x\n"}}); err != nil {
+	if _, err := e.gl.CommitFiles(bg, healthy, branch, "main", mr.BatchRef{ID: 999999}, "orphan", []mr.FileAction{{Path: "orphan.txt", Content: "x\n"}}); err != nil {
 		t.Fatal(err)
 	}
-	orphan, err := e.gl.EnsureMR(bg, healthy, mr.MRSpec{SourceBranch: branch, BatchID: 999999, TargetBranch: "main", Title: "orphan"})
+	orphan, err := e.gl.EnsureMR(bg, healthy, mr.MRSpec{SourceBranch: branch, Batch: mr.BatchRef{ID: 999999}, TargetBranch: "main", Title: "orphan"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +284,7 @@ func TestHeadMovedBlocksEvenWhenItsPipelineFails(t *testing.T) {
 	s := e.scanner("a", nil) // isolate, the default
 	bg := context.Background()
 	b := e.published(s, repo)
-	if _, err := e.gl.CommitFiles(bg, repo, e.branch(b.ID), "", 999999, "a human's fix", []mr.FileAction{{Path: "human.txt", Content: "x\n"}}); err != nil {
+	if _, err := e.gl.CommitFiles(bg, repo, e.branch(b.ID), "", mr.BatchRef{ID: 999999}, "a human's fix", []mr.FileAction{{Path: "human.txt", Content: "x\n"}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.sim.FailMRPipeline(repo, *b.MRIID, "script_failure"); err != nil {

@@ -22,15 +22,15 @@ import (
 // Declared here (not in mr) so the loops depend on the smallest surface they use.
 type GitLab interface {
 	DeleteBranch(ctx context.Context, project, branch string) error
-	CommitFiles(ctx context.Context, project, branch, from string, batchID int64, message string, files []mr.FileAction) (mr.Commit, error)
-	FindMR(ctx context.Context, project, sourceBranch string, batchID int64) (mr.MergeRequest, bool, error)
+	CommitFiles(ctx context.Context, project, branch, from string, batch mr.BatchRef, message string, files []mr.FileAction) (mr.Commit, error)
+	FindMR(ctx context.Context, project, sourceBranch string, batch mr.BatchRef) (mr.MergeRequest, bool, error)
 	EnsureMR(ctx context.Context, project string, spec mr.MRSpec) (mr.MergeRequest, error)
 	GetMR(ctx context.Context, project string, iid int64) (mr.MergeRequest, error)
 	SetAutoMerge(ctx context.Context, project string, iid int64, sha string) (mr.MergeRequest, error)
 	Merge(ctx context.Context, project string, iid int64, sha string) (mr.MergeRequest, error)
 	CloseMR(ctx context.Context, project string, iid int64) (mr.MergeRequest, error)
 	ListOpenLabeled(ctx context.Context, project, label string) ([]mr.MergeRequest, error)
-	IsBatchMR(ctx context.Context, project string, m mr.MergeRequest, batchID int64) (bool, error)
+	IsBatchMR(ctx context.Context, project string, m mr.MergeRequest, batch mr.BatchRef) (bool, error)
 	gitlabStates
 	// Reads of the target branch (post-merge check, drift loop).
 	ListBlobs(ctx context.Context, project, ref, dir string) ([]mr.Blob, error)

@@ -134,7 +134,7 @@ func (s *Scanner) findBatchMR(ctx context.Context, b domain.Batch) (mr.MergeRequ
 			return m, false, err
 		}
 	}
-	m, found, err := s.gl.FindMR(ctx, b.Repo, batchBranch(b), b.ID)
+	m, found, err := s.gl.FindMR(ctx, b.Repo, batchBranch(b), batchRef(b))
 	var foreign *mr.ForeignMRError
 	if errors.As(err, &foreign) {
 		// Someone else's MR on the batch's branch name: not ours to close, and never
