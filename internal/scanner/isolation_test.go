@@ -552,3 +552,45 @@ func TestTimeoutRetriedThenMaxAttempts(t *testing.T) {
 		})
 	}
 }
+
+// TestFlakyPartResumesItsSiblings: 8 operations, the culprit last. The batch fails (the
+// culprit); its first part (4, no culprit) fails once by a flake, so the parts after it
+// are deferred to the remainder; every part of that first part then merges, which
+// shows the flake, and the deferred parts go back to being searched in place: the
+// culprit is found without the remainder ever running (or failing) whole. Runs: the
+// batch, part 1, its three parts, then 2, 1 and the culprit alone with its retry.
+func TestFlakyPartResumesItsSiblings(t *testing.T) {
+	e := newEnv(t, gitlabsim.Options{PipelineDuration: 20 * time.Millisecond}, repo)
+	ids := storetest.InsertQueuedOps(t, e.st, repo, 8)
+	e.poison(ids[7], "script_failure", 0) // first rule: the batch's failure is the culprit's
+	e.poison(ids[0], "script_failure", 1) // then one flake, on part 1 (positions 0-3)
+
+	c := e.startCluster(2, func(cfg *Config) { cfg.ClaimSchedule = "@every 1h" })
+	if _, err := c.scanners[0].RunRound(context.Background(), repo); err != nil {
+		t.Fatal(err)
+	}
+	e.settleAll(45 * time.Second)
+	c.stop()
+	e.requireOutcome(ids, ids[7])
+	e.requireClean()
+
+	var batches []domain.Batch
+	if err := e.st.DB().Select(&batches, "SELECT id, status, size, grp FROM merge_batch ORDER BY id"); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, b := range batches {
+		got = append(got, fmt.Sprintf("%d:%s", b.Size, map[domain.BatchStatus]string{domain.BatchSucceeded: "ok", domain.BatchFailed: "failed"}[b.Status]))
+		if g, ok := domain.ParseSearchGroup(b.Grp); ok && g.Rest() {
+			t.Errorf("batch %d ran the remainder (%d members): the flaky part's siblings were not resumed", b.ID, b.Size)
+		}
+	}
+	want := []string{"8:failed", "4:failed", "2:ok", "1:ok", "1:ok", "2:ok", "1:ok", "1:failed"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("batches %v, want %v", got, want)
+	}
+	var resumed int
+	if err := e.st.DB().Get(&resumed, "SELECT COUNT(*) FROM audit_event WHERE batch_id = ? AND code = ?", batches[1].ID, store.EventSearchResumed); err != nil || resumed != 1 {
+		t.Fatalf("%d resume events on the flaky part (%v), want 1", resumed, err)
+	}
+}

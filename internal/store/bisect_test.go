@@ -500,3 +500,102 @@ func TestSearchResumeAfterCleanPart(t *testing.T) {
 }
 
 func ids(ms []store.WaitingMember) []string { return ms2ids(ms) }
+
+// resumeDue builds, in repo, a search whose resume is due: a batch of 8 failed (parts
+// of 4, 2, 1, 1), its part 1 failed too (parts of 2, 1, 1; parts 2-4 of the 8 deferred
+// to the remainder), and every part of part 1 merged. It returns the last merged
+// part's group, and the ids of the 4 deferred rows' operations.
+func resumeDue(t *testing.T, st *store.Store, repo string) (domain.SearchGroup, []string) {
+	t.Helper()
+	ctx := context.Background()
+	storetest.InsertQueuedOps(t, st, repo, 8)
+	p := btClaim(t, st, repo, 100, store.ClaimClaimed)
+	ms, err := st.BatchWaitingMembers(ctx, p.BatchID)
+	if err != nil || len(ms) != 8 {
+		t.Fatalf("BatchWaitingMembers = %d, %v", len(ms), err)
+	}
+	settle := func(id int64, ops []string, parts []int, parent int64, d store.Deferral) {
+		t.Helper()
+		var plan []store.MemberFate
+		for i, part := range parts {
+			plan = append(plan, store.MemberFate{OperationID: ops[i], Group: domain.PartGroup(p.BatchID, parent, part), Kind: domain.KindBisect, Depth: 1, Half: part})
+		}
+		if _, err := st.BatchSettleIsolate(ctx, id, domain.BatchRunning, 1, "test", "failed", plan, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	settle(p.BatchID, ids(ms), []int{1, 1, 1, 1, 2, 2, 3, 4}, p.BatchID, store.Deferral{})
+	a := btClaim(t, st, repo, 100, store.ClaimClaimed)
+	settle(a.BatchID, a.OperationIDs, []int{1, 1, 2, 3}, a.BatchID,
+		store.Deferral{Repo: repo, Prefix: domain.SiblingPrefix(p.BatchID, p.BatchID), Into: domain.RestGroup(p.BatchID)})
+	var last domain.SearchGroup
+	for range 3 {
+		r := btClaim(t, st, repo, 100, store.ClaimClaimed)
+		if _, err := st.BatchSettleSucceeded(ctx, r.BatchID, domain.BatchRunning, 1); err != nil {
+			t.Fatal(err)
+		}
+		last, _ = domain.ParseSearchGroup(r.Group)
+	}
+	return last, ids(ms[4:])
+}
+
+// A resume races a claim of the repository (another replica's round, right after the
+// merge freed the slot): whichever order the server picks, every deferred row is
+// either claimed, in exactly one batch with its operation, or still waiting in a part
+// of the batch of 8 — the claim took the remainder whole, the resumed part 2, the
+// regrouped rows as it had read them, or nothing.
+func TestSearchResumeRacesClaim(t *testing.T) {
+	st, _ := storetest.New(t)
+	ctx := context.Background()
+	outcomes := map[string]int{}
+	for i := range 12 {
+		repo := fmt.Sprintf("g/resume-race-%02d", i)
+		last, deferred := resumeDue(t, st, repo)
+		var wg sync.WaitGroup
+		var moved int64
+		var rerr, cerr error
+		var claim store.ClaimResult
+		start := make(chan struct{})
+		wg.Go(func() { <-start; moved, rerr = st.SearchResume(ctx, repo, last) })
+		wg.Go(func() { <-start; claim, cerr = st.BatchClaim(ctx, repo, 100) })
+		close(start)
+		wg.Wait()
+		if rerr != nil && !errors.Is(rerr, store.ErrLostRace) {
+			t.Fatalf("%s: resume: %v", repo, rerr)
+		}
+		// nothing_to_claim: the claim read the remainder as the first group, and its rows
+		// were regrouped before it read them; the settling replica's follow-up claim
+		// (after its resume) takes the resumed part.
+		if cerr != nil || (claim.Outcome != store.ClaimClaimed && claim.Outcome != store.ClaimPreempted && claim.Outcome != store.ClaimNothingToClaim) {
+			t.Fatalf("%s: claim = %+v, %v", repo, claim, cerr)
+		}
+		claimed := 0
+		if claim.Outcome == store.ClaimClaimed {
+			claimed = len(claim.OperationIDs)
+			if n := btCount(t, st, "SELECT COUNT(*) FROM merge_batch_request WHERE batch_id = ?", claim.BatchID); n != claimed {
+				t.Fatalf("%s: claim answered %d members, %d waiting rows claimed", repo, claimed, n)
+			}
+			if n := btCount(t, st, "SELECT COUNT(*) FROM operation WHERE batch_id = ? AND status = 'in_batch'", claim.BatchID); n != claimed {
+				t.Fatalf("%s: %d operations in the claimed batch, want %d", repo, n, claimed)
+			}
+		}
+		waiting := 0
+		for _, id := range deferred {
+			var grp []string
+			if err := st.DB().Select(&grp, "SELECT grp FROM merge_batch_request WHERE operation_id = ? AND batch_id IS NULL", id); err != nil {
+				t.Fatal(err)
+			}
+			if len(grp) == 1 {
+				waiting++
+				if g, ok := domain.ParseSearchGroup(grp[0]); !ok || g.Rest() == (moved > 0) {
+					t.Fatalf("%s: %s waits in %q after a resume that moved %d", repo, id, grp[0], moved)
+				}
+			}
+		}
+		if claimed+waiting != len(deferred) {
+			t.Fatalf("%s: %d claimed + %d waiting of %d deferred rows", repo, claimed, waiting, len(deferred))
+		}
+		outcomes[fmt.Sprintf("resumed %d, claim %s of %d", moved, claim.Outcome, claimed)]++
+	}
+	t.Logf("outcomes: %v", outcomes)
+}
