@@ -399,7 +399,8 @@ func ms2ids(ms []store.WaitingMember) []string {
 }
 
 // The deferral's UPDATE is a range of idx_repo_group_waiting: it reads (and, under READ
-// COMMITTED, locks) only the rows it moves, never the ordinary queue admissions write.
+// COMMITTED, locks) only the rows it moves, never the ordinary queue admissions write;
+// the resume's reads use the same index.
 func TestExplainDeferSiblings(t *testing.T) {
 	st, _ := storetest.New(t)
 	for r := range 5 {
@@ -414,6 +415,16 @@ func TestExplainDeferSiblings(t *testing.T) {
 	rows := btExplain(t, st, store.QDeferSiblings, "s1.rest", "g/explain-2", "s1.1.", "s1.1/")
 	if len(rows) != 1 || rows[0].Key != "idx_repo_group_waiting" || rows[0].Type != "range" {
 		t.Fatalf("deferral plan %+v, want a range of idx_repo_group_waiting", rows)
+	}
+	// The resume's reads: the same range (any part still waiting?), and the remainder's
+	// rows of one parent, in index order.
+	rows = btExplain(t, st, store.QPartsWaiting, "g/explain-2", "s1.1.", "s1.1/")
+	if len(rows) != 2 || rows[1].Key != "idx_repo_group_waiting" || rows[1].Type != "range" {
+		t.Fatalf("parts-waiting plan %+v, want a range of idx_repo_group_waiting", rows)
+	}
+	rows = btExplain(t, st, store.QDeferredOf, "g/explain-2", "s1.rest", 7)
+	if len(rows) != 1 || rows[0].Key != "idx_repo_group_waiting" || strings.Contains(rows[0].Extra, "filesort") {
+		t.Fatalf("deferred-of plan %+v, want idx_repo_group_waiting in index order", rows)
 	}
 }
 
