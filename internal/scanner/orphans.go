@@ -181,6 +181,18 @@ func (l *orphanLoop) sweepFailed(ctx context.Context) error {
 		if b.MRIID != nil {
 			log = log.With("mr_iid", *b.MRIID)
 			m, err = l.s.gl.GetMR(ctx, b.Repo, *b.MRIID)
+			if err == nil && m.State != mr.StateMerged {
+				// The recorded MR did not merge, but a second MR of ours on the branch
+				// may have: a publisher whose lease lapsed inside EnsureMR (between its
+				// FindMR and its create) opens one after another replica's MR was
+				// recorded and closed, and lostRecord leaves it to the batch's holder,
+				// which follows only the recorded MR (found by the protocol model,
+				// docs/MODEL.md). FindMR ranks a merged MR first; an error here is
+				// met again next pass.
+				if bm, found, ferr := l.s.gl.FindMR(ctx, b.Repo, batchBranch(b), batchRef(b)); ferr == nil && found && bm.State == mr.StateMerged {
+					m = bm
+				}
+			}
 		} else {
 			// No MR recorded, yet one may have merged: a publisher frozen past its
 			// lease while the batch was settled opened it afterwards, then died before

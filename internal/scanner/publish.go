@@ -360,8 +360,10 @@ func (l *publishLoop) lostRecord(ctx context.Context, b domain.Batch, m mr.Merge
 		m = cm
 	}
 	if m.State == mr.StateMerged {
-		// Merged in between: the database follows the repository.
-		cur.MRIID = &m.IID
+		// Merged in between: the database follows the repository. cur is the row as
+		// stored: with no MR recorded, mergedAfterFailed records this one before the
+		// success settle (setting cur.MRIID here skipped that write, and the batch went
+		// SUCCEEDED without an MR; found by the protocol model, docs/MODEL.md).
 		return l.s.mergedAfterFailed(ctx, cur, m, log)
 	}
 	return nil
