@@ -5,8 +5,13 @@
  * One repository, NO operations, batches 1..NB (NB = NO + NRETRY: every claim takes at
  * least one operation and an operation waits again only through a requeue), NR
  * replicas. A replica runs its loops one after the other, forever: claim, publish,
- * reconcile, the timeout sweep, the orphan sweep. It can be killed between any two
- * steps (the Killer process) and starts over with nothing in memory.
+ * reconcile, the timeout sweep, the orphan sweep (or those its ROLE allows). It can be
+ * killed between any two steps (the Killer process) and starts over with nothing in
+ * memory; its reservation's lease can lapse while it works (a freeze).
+ *
+ * Configurations (scripts/model.sh, docs/MODEL.md) set the bounds with -D flags. Safety
+ * runs add -DQUIET: the Quiet process asserts p_fence, p_agree and p_done in every
+ * state where nothing can move any more.
  *
  * Granularity: one database transaction = one d_step (atomic, deterministic); one
  * GitLab call = one atomic step (its effect), whose answer may be lost (the caller
@@ -34,6 +39,41 @@
 #ifndef HUMAN
 #define HUMAN 1
 #endif
+/* leases that lapse while their holder still works (a replica frozen, or a GitLab call
+ * slower than the lease): see "Leases" below */
+#ifndef FREEZES
+#define FREEZES 0
+#endif
+
+/* Roles: which loops each replica runs (bit masks of L_*; all by default). A targeted
+ * configuration fixes roles to search one race exhaustively; docs/MODEL.md says why each
+ * restriction keeps the race it targets. KILLWHO / FREEZEWHO: replicas the Killer may
+ * kill, whose leases may lapse (bit r = replica r). */
+#define L_CLAIM  1
+#define L_PUB    2
+#define L_REC    4
+#define L_TMO    8
+#define L_OPEN   16               /* orphan sweep: open MRs of inactive batches */
+#define L_FAILED 32               /* orphan sweep: FAILED batches whose MR merged */
+#define L_ALL    63
+#define L_NOT_TMO (L_ALL - L_TMO)
+#ifndef ROLE0
+#define ROLE0 L_ALL
+#endif
+#ifndef ROLE1
+#define ROLE1 L_ALL
+#endif
+#ifndef ROLE2
+#define ROLE2 L_ALL
+#endif
+#ifndef KILLWHO
+#define KILLWHO 7
+#endif
+#ifndef FREEZEWHO
+#define FREEZEWHO 7
+#endif
+#define ROLE(x) ((x) == 0 -> ROLE0 : ((x) == 1 -> ROLE1 : ROLE2))
+#define DOES(l) ((ROLE(r) & (l)) != 0)
 
 #define NB   (NO + NRETRY)
 #define MAXB 3                    /* array sizes: NB <= MAXB */
@@ -74,6 +114,7 @@ byte b_st[MAXB + 1];       /* merge_batch.status */
 byte b_mr[MAXB + 1];       /* merge_batch.mr_iid (0 = NULL) */
 bit  b_fc[MAXB + 1];       /* merge_batch.fail_class recorded (BatchMarkFailing) */
 bit  b_old[MAXB + 1];      /* created_at older than the batch timeout */
+byte b_lh[MAXB + 1];       /* a live reservation (next_check_at in the future): holder r + 1; 0 = due */
 byte b_mem[MAXB + 1];      /* merge_batch_member: bit o = operation o */
 byte nb;                 /* batches created (AUTO_INCREMENT) */
 
@@ -125,15 +166,17 @@ ltl p_agree { <> [] allagree }
 
 /* I1, I2 after every claim (the only step that makes a batch active) */
 inline check_claim() {
+	/* I2 first: without the claim guard an operation is in two active batches, which
+	 * are two active batches too; checked first, the assertion names the guard's property */
+	for (i : 0 .. NO - 1) {
+		inb = 0;
+		for (j : 1 .. NB) { if :: active(j) && (b_mem[j] & (1 << i)) -> inb++ :: else fi }
+		assert(inb <= 1)                     /* I2 */
+	}
 	i = 0; t = 0;
 	for (i : 1 .. NB) { if :: active(i) -> t++ :: else fi }
 	assert(t <= 1);                          /* I1 */
-	for (i : 0 .. NO - 1) {
-		t = 0;
-		for (j : 1 .. NB) { if :: active(j) && (b_mem[j] & (1 << i)) -> t++ :: else fi }
-		assert(t <= 1)                       /* I2 */
-	}
-	i = 0; j = 0; t = 0
+	i = 0; j = 0; t = 0; inb = 0
 }
 
 /*
@@ -163,6 +206,10 @@ inline lose() {
 	:: true
 	fi
 }
+
+/* Fencing, as batcherd arms merges: GitLab's auto-merge merges an MR of ours only while
+ * its batch is active. (A human may merge anything at any time: merged wins follows.) */
+#define FENCED_ARM(mm) assert(!m_ours[mm] || active(m_br[mm]))
 
 /* GitLab merges m: the repository gets the files of m's batch when the MR is ours */
 inline gl_merge(mm) {
@@ -232,7 +279,7 @@ inline close_mr(mm) {
 inline set_auto_merge(mm) {
 	atomic {
 		if
-		:: m_st[mm] == M_OPENED && m_pipe[mm] == P_OK -> gl_merge(mm)
+		:: m_st[mm] == M_OPENED && m_pipe[mm] == P_OK -> FENCED_ARM(mm); gl_merge(mm)
 		:: m_st[mm] == M_OPENED && m_pipe[mm] == P_RUN -> m_arm[mm] = 1
 		:: else -> err = 1
 		fi;
@@ -241,12 +288,34 @@ inline set_auto_merge(mm) {
 	}
 }
 
+/* ---------------- leases ---------------- */
+/* BatchReserve pushes next_check_at past a lease: the batch is not due (BatchesDue, and
+ * BatchesTimedOut for a batch without an MR) until the lease lapses. The model has no
+ * clock; it keeps who holds a live reservation (b_lh) and lets it lapse when its holder's
+ * item ends (publish's BatchMarkDue, or the lease running out after the item) or the
+ * holder is killed, and — up to FREEZES times — while its holder is still in the item
+ * (frozen, or waiting on GitLab, for longer than the lease). LAPSE_ANYTIME: every
+ * reservation may lapse at any moment (unbounded freezes: the batch is always due). */
+#ifdef LAPSE_ANYTIME
+#define DUE(k) true
+#define HOLD(k) skip
+#else
+#define DUE(k) (b_lh[k] == 0)
+#define HOLD(k) b_lh[k] = r + 1
+#endif
+inline release() {
+	d_step {
+		for (i : 1 .. NB) { if :: b_lh[i] == r + 1 -> b_lh[i] = 0 :: else fi };
+		i = 0
+	}
+}
+
 /* ---------------- store methods (one transaction each) ---------------- */
 
 /* BatchReserve: next_check_at = now + lease, guarded on version and an active status */
 inline reserve_body(bb) {
 	if
-	:: active(bb) && vguard(bb) -> newver(bb); mrr = b_mr[bb]; fc = b_fc[bb]
+	:: active(bb) && vguard(bb) -> newver(bb); HOLD(bb); mrr = b_mr[bb]; fc = b_fc[bb]
 	:: else -> err = 1
 	fi
 }
@@ -277,6 +346,7 @@ inline settle_succeeded(bb, from) {
 		if
 		:: b_st[bb] == from && vguard(bb) ->
 			b_st[bb] = B_SUCC; newver(bb);
+			assert(b_mr[bb] != 0);         /* a SUCCEEDED batch names its MR (verify) */
 			for (j : 0 .. NO - 1) {
 				if
 				:: op_b[j] == bb && ((from == B_FAIL && op_st[j] == O_FAILED) ||
@@ -458,13 +528,13 @@ inline claim() {
 #define ANYB(C) (C(1) || C(2) || C(3))
 #define ANYM(C) (C(1) || C(2) || C(3) || C(4) || C(5) || C(6) || C(7))
 
-#define FETCH_RESERVE(CAND, READ) \
+#define FETCH_RESERVE(L, CAND, READ) \
 	d_step { \
-		ANYB(CAND) -> \
+		DOES(L) && ANYB(CAND) -> \
 		FORGET; \
 		hb[r] = 1; \
 		do :: !CAND(hb[r]) -> hb[r]++ :: else -> break od; \
-		newver(hb[r]); \
+		newver(hb[r]); HOLD(hb[r]); \
 		mrr = b_mr[hb[r]]; fc = b_fc[hb[r]]; \
 		READ \
 	}
@@ -474,18 +544,18 @@ inline claim() {
  * commute to before the reserve. */
 
 /* publish: RUNNING, no MR, not past the timeout (publishLoop.runOnce) */
-#define PUB_CAND(k) (b_st[k] == B_RUN && b_mr[k] == 0 && !b_old[k])
+#define PUB_CAND(k) (b_st[k] == B_RUN && b_mr[k] == 0 && !b_old[k] && DUE(k))
 /* reconcile: active, MR recorded; a poll that would find nothing to do (open, armed,
  * pipeline not failed) is left out: it only bumps the version */
-#define REC_CAND(k) (active(k) && b_mr[k] != 0 && \
+#define REC_CAND(k) (active(k) && b_mr[k] != 0 && DUE(k) && \
 	!(m_st[b_mr[k]] == M_OPENED && m_arm[b_mr[k]] && m_pipe[b_mr[k]] != P_FAIL))
 /* timeout sweep: qBatchesTimedOut (active, older than the timeout; one without an MR
- * once its publish reservation lapsed — which it always may) */
+ * only once its publish reservation lapsed; one with an MR whatever its reservation) */
 #ifdef NO_LAPSE_TIMEOUT
 /* mutant: only batches with a recorded MR time out */
 #define TMO_CAND(k) (active(k) && b_old[k] && b_mr[k] != 0)
 #else
-#define TMO_CAND(k) (active(k) && b_old[k])
+#define TMO_CAND(k) (active(k) && b_old[k] && (b_mr[k] != 0 || DUE(k)))
 #endif
 
 /* publishLoop.publish for the reserved batch bb */
@@ -549,14 +619,21 @@ inline publish(bb) {
 #ifndef NO_FENCE_RECORD
 			if :: ms == M_OPENED -> set_auto_merge(m); err = 0 :: else fi;
 #endif
-			/* BatchMarkDue: a scheduling hint; every batch is always due (see Aging) */
+			/* BatchMarkDue: the item's end (release(), in the replica) makes it due */
 		:: else ->
 			/* lostRecord: BatchGet; a FAILED batch's MR must not stay open */
-			d_step { err = 0; st = b_st[bb]; hv[r] = 0 }
+			d_step { err = 0; st = b_st[bb]; mrr = b_mr[bb]; hv[r] = 0 }
 			if
 			:: st == B_FAIL ->
 				if :: ms == M_OPENED -> close_mr(m) :: else fi;
+				/* merged wins; the MR is recorded first when the row has none */
+#ifdef LOST_RECORD_IN_MEMORY
+				/* mutant, the code before the model's fourth finding: the MR was set on
+				 * the batch in memory only, so it was taken as recorded */
 				if :: !err && ms == M_MERGED -> merged_after_failed(bb, m, true) :: else fi
+#else
+				if :: !err && ms == M_MERGED -> merged_after_failed(bb, m, mrr != 0) :: else fi
+#endif
 			:: else
 			fi
 		fi
@@ -585,12 +662,20 @@ inline reconcile(bb) {
  * none recorded, one of ours found by the batch's branch */
 #define OM(k, i) (m_br[i] == k && mine(i) && m_st[i] == M_MERGED)
 #define OURS_MERGED_ON(k) (OM(k, 1) || OM(k, 2) || OM(k, 3) || OM(k, 4) || OM(k, 5) || OM(k, 6) || OM(k, 7))
-#ifdef NO_UNRECORDED_SWEEP
-/* the code before the model found it: only batches with a recorded MR were re-read */
+#if defined(NO_UNRECORDED_SWEEP)
+/* mutant, the code before the model's first finding: only batches with a recorded MR
+ * were re-read, by that MR */
 #define FAILED_MERGED(k) (b_st[k] == B_FAIL && b_mr[k] != 0 && m_st[b_mr[k]] == M_MERGED)
-#else
+#elif defined(RECORDED_FIRST)
+/* mutant, the code before the model's third finding: the recorded MR when there is one,
+ * the branch only when none is recorded */
 #define FAILED_MERGED(k) (b_st[k] == B_FAIL && \
 	((b_mr[k] != 0 && m_st[b_mr[k]] == M_MERGED) || (b_mr[k] == 0 && OURS_MERGED_ON(k))))
+#else
+/* any MR of ours on the batch's branch (FindMR: merged first), recorded or not: a
+ * publisher whose lease lapsed inside EnsureMR can open a second MR after the first
+ * was recorded and closed (docs/MODEL.md, Findings) */
+#define FAILED_MERGED(k) (b_st[k] == B_FAIL && OURS_MERGED_ON(k))
 #endif
 
 /* claim: the precheck (something waiting, the slot free); a claim that would answer
@@ -607,18 +692,18 @@ inline reconcile(bb) {
  * cover those interleavings.) Killed between any two steps, it restarts with nothing
  * in memory. */
 proctype Replica(byte r) {
-	byte i, j, t, m, ms, st, mrr, pipe, cl, found;
+	byte i, j, t, m, ms, st, mrr, pipe, cl, found, inb;
 	bit err, fc;
 end:	do
 	:: {
 		if
-		:: CLAIM_GUARD -> claim()
-		:: FETCH_RESERVE(PUB_CAND, find_body(hb[r], true)); publish(hb[r])
-		:: FETCH_RESERVE(REC_CAND, m = mrr; GET_BODY(m)); reconcile(hb[r])
-		:: FETCH_RESERVE(TMO_CAND, SF_LOOKUP(hb[r])); settle_failure_rest(hb[r])
+		:: DOES(L_CLAIM) && CLAIM_GUARD -> claim()
+		:: FETCH_RESERVE(L_PUB, PUB_CAND, find_body(hb[r], true)); publish(hb[r]); release()
+		:: FETCH_RESERVE(L_REC, REC_CAND, m = mrr; GET_BODY(m)); reconcile(hb[r]); release()
+		:: FETCH_RESERVE(L_TMO, TMO_CAND, SF_LOOKUP(hb[r])); settle_failure_rest(hb[r]); release()
 		:: d_step {
 			/* sweepOpen: ListOpenLabeled, then BatchGet of the branch's batch */
-			ANYM(ORPH_CAND) ->
+			DOES(L_OPEN) && ANYM(ORPH_CAND) ->
 			FORGET;
 			m = 1;
 			do :: !ORPH_CAND(m) -> m++ :: else -> break od;
@@ -631,20 +716,30 @@ end:	do
 		   fi
 #ifndef NO_MERGED_WINS
 		:: d_step {
-			/* sweepFailed: BatchesFailedWithMR, then GetMR: merged → merged wins (a
-			 * read that finds it not merged changes nothing, so it is not a step) */
-			ANYB(FAILED_MERGED) ->
+			/* sweepFailed: BatchesFailedRecently, then GetMR (recorded) or FindMR (by
+			 * branch): merged → merged wins (a read that finds it not merged changes
+			 * nothing, so it is not a step) */
+			DOES(L_FAILED) && ANYB(FAILED_MERGED) ->
 			FORGET;
 			hb[r] = 1;
 			do :: !FAILED_MERGED(hb[r]) -> hb[r]++ :: else -> break od;
 			hv[r] = 0; mrr = b_mr[hb[r]];
+#if defined(NO_UNRECORDED_SWEEP) || defined(RECORDED_FIRST)
 			if :: mrr != 0 -> m = mrr :: else -> find_body(hb[r], false) fi
+#else
+			find_body(hb[r], false)
+#endif
 		   };
 		   merged_after_failed(hb[r], m, mrr != 0)
 #endif
 		fi
 	   } unless {
-		kill[r] -> d_step { kill[r] = 0; FORGET; i = 0; j = 0; t = 0; cl = 0 }
+		kill[r] -> d_step {
+			kill[r] = 0; FORGET; j = 0; t = 0; cl = 0;
+			/* its reservations lapse (a lease later; nothing of the dead process renews them) */
+			for (i : 1 .. NB) { if :: b_lh[i] == r + 1 -> b_lh[i] = 0 :: else fi };
+			i = 0
+		}
 	   }
 	od
 }
@@ -664,7 +759,7 @@ proctype Admitter() {
 #define GL(k) \
 	:: atomic { m_st[k] == M_OPENED && m_pipe[k] == P_RUN -> \
 		if :: m_pipe[k] = P_OK :: m_pipe[k] = P_FAIL; m_arm[k] = 0 fi } \
-	:: atomic { m_st[k] == M_OPENED && m_arm[k] && m_pipe[k] == P_OK -> gl_merge(k) }
+	:: atomic { m_st[k] == M_OPENED && m_arm[k] && m_pipe[k] == P_OK -> FENCED_ARM(k); gl_merge(k) }
 proctype GitLab() {
 	byte j;
 end:	do
@@ -672,9 +767,11 @@ end:	do
 	od
 }
 
-/* a human merges or closes any open MR, at any time, or never (retires) */
+/* a human merges or closes any open MR, at any time, or never (retires). The guard is
+ * inside the atomic step: the MR is open when the human's merge or close lands (an MR
+ * GitLab merged in between cannot be closed). */
 #define HU(k) \
-	:: h > 0 && m_st[k] == M_OPENED -> atomic { h--; if :: gl_merge(k) :: m_st[k] = M_CLOSED; m_arm[k] = 0 fi }
+	:: atomic { h > 0 && m_st[k] == M_OPENED -> h--; if :: gl_merge(k) :: m_st[k] = M_CLOSED; m_arm[k] = 0 fi }
 proctype Human() {
 	byte h = HUMAN, j;
 	do
@@ -683,26 +780,37 @@ proctype Human() {
 	od
 }
 
-/* time. Leases are not modelled: the model has no clock, so a reservation can lapse
- * at any moment (its holder may be frozen for longer than any lease), i.e. every
- * batch is always due. A lease narrows windows in practice; no guarantee rests on it.
- * What is modelled is age: a batch grows older than the timeout, once, at any time. */
+/* time: a batch grows older than the timeout, once, at any time. (Leases are above:
+ * a reservation lapses at its holder's item end, its holder's death, or a freeze.) */
 #define AG(k) :: d_step { active(k) && !b_old[k] -> b_old[k] = 1 }
 proctype Aging() {
 end:	do AG(1) AG(2) AG(3) od
 }
 
-/* crashes: kill -9 of a replica between any two of its steps, then a restart; the
- * killer may stop at any time */
+/* crashes: kill -9 of a replica between any two of its steps, then a restart; and
+ * freezes: a live reservation lapses while its holder is still in its item. The killer
+ * may stop at any time. */
+#define FR(k) :: f > 0 && b_lh[k] != 0 && (FREEZEWHO & (1 << (b_lh[k] - 1))) -> f--; b_lh[k] = 0
 proctype Killer() {
-	byte k = KILLS;
+	byte k = KILLS, f = FREEZES;
 	do
-	:: k > 0 && !kill[0] -> k--; kill[0] = 1
-	:: NR > 1 && k > 0 && !kill[1 % NR] -> k--; kill[1 % NR] = 1
-	:: NR > 2 && k > 0 && !kill[2 % NR] -> k--; kill[2 % NR] = 1
+	:: (KILLWHO & 1) && k > 0 && !kill[0] -> k--; kill[0] = 1
+	:: (KILLWHO & 2) && NR > 1 && k > 0 && !kill[1 % NR] -> k--; kill[1 % NR] = 1
+	:: (KILLWHO & 4) && NR > 2 && k > 0 && !kill[2 % NR] -> k--; kill[2 % NR] = 1
+	FR(1) FR(2) FR(3)
 	:: break
 	od
 }
+
+#ifdef QUIET
+/* Once nothing can move any more (every replica idle, GitLab, the human and the killer
+ * done), the properties that p_done, p_agree and p_fence ask for eventually must hold:
+ * a quiet state is where an execution stays for ever. A safety search checks them in
+ * every quiet state it reaches; the LTL runs check them on every fair infinite run. */
+proctype Quiet() {
+	timeout -> assert(allfenced); assert(allagree); assert(alldone)
+}
+#endif
 
 init {
 	byte k;
@@ -720,6 +828,9 @@ init {
 		run Human();
 		run Aging();
 		run Killer();
+#ifdef QUIET
+		run Quiet();
+#endif
 		for (k : 0 .. NR - 1) { run Replica(k) }
 	}
 }
