@@ -66,7 +66,7 @@ func btExplain(t *testing.T, st *store.Store, q string, args ...any) []btPlanRow
 //	precheck / waiting repos   merge_batch_request ref / range idx_repo_waiting (loose scan)
 //	settle batch guard         merge_batch         range  PRIMARY
 //	member history             merge_batch_member  ref    PRIMARY
-//	settle lock members        operation           ref    idx_batch
+//	settle lock members        operation           range  uk_operation_id (idx_batch is gone, 00011)
 //	settle bindings            binding             range  uk_subject_target (row-constructor IN, hinted:
 //	                                                        unhinted, 2 in 15 runs chose idx_target)
 //	settle delete waiting      merge_batch const PRIMARY → merge_batch_request ref idx_repo_waiting
