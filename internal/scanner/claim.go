@@ -45,31 +45,12 @@ func (l *claimLoop) runOnce(ctx context.Context) error {
 // is an error.
 func (l *claimLoop) claimRepo(ctx context.Context, repo string) (store.ClaimResult, error) {
 	log := l.log.With("repo", repo)
-	// Lock-free precheck outside any transaction, one round trip: most rounds of most
-	// repositories have nothing waiting, and an empty round must not touch the slot;
-	// and a round whose slot a committed batch holds is answered at once, instead of
-	// queueing on the slot row behind its holder (a claim or a settlement in flight)
-	// only to be told the same. Neither answer is a decision: the slot's unique key
-	// decides every claim that gets past here (I1).
-	pre, err := l.s.st.BatchClaimPrecheck(ctx, repo)
-	if err != nil {
-		return store.ClaimResult{}, l.s.itemErr("claim", log, "claim precheck failed", err)
-	}
-	switch {
-	case pre.Paused:
-		// A paused repository is not claimed (the claim reads the pause again inside
-		// its transaction; this is the cheap answer for every round of the freeze).
-		l.s.m.outcomes.WithLabelValues("claim", string(store.ClaimPaused)).Inc()
-		log.Debug("claim round", "outcome", store.ClaimPaused, "precheck", true)
-		return store.ClaimResult{Outcome: store.ClaimPaused}, nil
-	case !pre.Waiting:
-		l.s.m.outcomes.WithLabelValues("claim", string(store.ClaimNothingToClaim)).Inc()
-		return store.ClaimResult{Outcome: store.ClaimNothingToClaim}, nil
-	case pre.Held:
-		l.s.m.outcomes.WithLabelValues("claim", string(store.ClaimSlotOccupied)).Inc()
-		log.Debug("claim round", "outcome", store.ClaimSlotOccupied, "precheck", true)
-		return store.ClaimResult{Outcome: store.ClaimSlotOccupied}, nil
-	}
+	// BatchClaim begins with the lock-free precheck (anything waiting? slot held by a
+	// committed batch? paused?): most rounds of most repositories have nothing waiting
+	// and must not touch the slot, and a round whose slot a committed batch holds is
+	// answered at once. On MariaDB the precheck and the slot attempt are one round trip,
+	// so a losing round costs one (docs/ARCHITECTURE.md, "The loops"). Neither answer is
+	// a decision: the slot's unique key decides every claim that gets past it (I1).
 	res, err := l.s.st.BatchClaim(ctx, repo, l.cfg.maxBatch)
 	if isLost(err) {
 		// A deadlock or lock-wait victim while racing for the slot (docs/ARCHITECTURE.md, "Database facts") means

@@ -14,7 +14,6 @@ import (
 // flight inside it).
 type Store interface {
 	// claim
-	BatchClaimPrecheck(ctx context.Context, repo string) (store.ClaimPrecheck, error)
 	BatchClaim(ctx context.Context, repo string, max int) (store.ClaimResult, error)
 	BatchClaimFollowUp(ctx context.Context, repo string, max int) (store.ClaimResult, error)
 

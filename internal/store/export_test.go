@@ -45,3 +45,11 @@ func (s *Store) SetSlotNoWait(on bool) {
 		s.noWait.Store(2)
 	}
 }
+
+// WhySQL is the member history's why in SQL (set-based claim), over a claimed waiting row.
+const WhySQL = whySQL
+
+// WhyOf is waitingRow.why for a waiting row as the claim read it.
+func WhyOf(kind string, parent *int64, depth, half, retries, tries int) string {
+	return waitingRow{Kind: kind, ParentID: parent, Depth: depth, Half: half, Retries: retries, Tries: tries}.why()
+}

@@ -16,6 +16,7 @@ import (
 // cancellation it is, or every shutdown that lands there is logged as an error.
 func TestCancelBeforeCommitIsCanceled(t *testing.T) {
 	st, _ := storetest.New(t)
+	st.SetSlotNoWait(false) // the claim through withTx (claim_compound.go pins a connection instead)
 	const repo = "group/withtx"
 	storetest.InsertQueuedOps(t, st, repo, 2)
 
