@@ -29,6 +29,7 @@ type report struct {
 	admitStats store.AdmitStats
 	profiles   []profileOut
 	anatomy    []bench.AnatomyStep
+	rows       []bench.AdmissionRowCount
 	lat        map[bool]map[bench.ClaimVariant][]bench.LatencyResult
 	loads      []string
 
@@ -100,7 +101,7 @@ func (r *report) markdown() string {
 	w("# batcherd benchmarks\n\n")
 	w("Written by `make bench` (`go run ./bench/cmd/benchrun`), which measured every figure below in one run of %s on %s. ",
 		r.total.Round(time.Second), r.started.UTC().Format("2006-01-02 15:04 UTC"))
-	w("Issue 8 asks for these measurements; the targets are its targets. ")
+	w("The targets are issue 20's (the second performance pass; issue 8 asked for these measurements first), each with the reason for a miss below the summary. ")
 	w("Numbers are medians of interleaved repetitions, compared side by side with ratios, because this machine is shared: ")
 	w("its absolute numbers move by a factor of two from one minute to the next (load and CPU pressure below).\n\n")
 
@@ -132,6 +133,7 @@ func (r *report) markdown() string {
 
 	r.throughputSection(w)
 	r.anatomySection(w)
+	r.rowsSection(w)
 	r.profileSection(w)
 	r.latencySection(w)
 	r.claimSection(w)
@@ -142,8 +144,24 @@ func (r *report) markdown() string {
 	return b.String()
 }
 
+const (
+	claimTarget      = 50 * time.Millisecond
+	claimFlatTarget  = 1.5
+	latencyTarget    = 2.0 // admission p99 while claiming ÷ without
+	loserRoundTrips  = 2.0 // losing claimant p99 ÷ a bare round trip's p99
+	rowsTarget       = 3   // rows per admission without an Idempotency-Key
+	rowsKeyedTarget  = 4   // with one
+	settlePerStmtMin = 20  // members per settlement statement: grows with size/chunk
+)
+
+// summary writes one row per target of issue 20's table (in its order), then the
+// other measured figures.
 func (r *report) summary(w func(string, ...any)) {
 	w("| # | measurement | target | measured | |\n|---|---|---|---|---|\n")
+	if nk, k, kr, ok := r.rowCounts(); ok {
+		w("| 1c | rows written per admission without / with an Idempotency-Key | ≤ %d / ≤ %d | %d / %d (an event receiver adds its outbox row in the same transaction: %d with a key and one receiver) | %s |\n",
+			rowsTarget, rowsKeyedTarget, nk.Rows, k.Rows, kr.Rows, yes(nk.Rows <= rowsTarget && k.Rows <= rowsKeyedTarget))
+	}
 	if r.tp != nil {
 		for _, c := range r.cfg.clients {
 			ceil := r.ceiling(c)
@@ -171,31 +189,65 @@ func (r *report) summary(w func(string, ...any)) {
 				other(a, "api-serial"), yes(a >= at))
 		}
 	}
-	if p, ok := r.latP99Ratio(false); ok {
-		w("| 2 | admission p99 while claims of 1,000 run back to back ÷ without | ≤ 1.5 | %.2f | %s |\n", p, yes(p <= 1.5))
-	}
 	if len(r.claimBySize) > 0 {
 		lo, hi := r.claimBySize[0].Median, r.claimBySize[0].Median
 		for _, s := range r.claimBySize {
 			lo, hi = min(lo, s.Median), max(hi, s.Median)
 		}
 		ratio := float64(hi) / float64(lo)
-		w("| 3 | claim of 1,000, waiting %s: slowest ÷ fastest median | ≤ 1.5 | %.2f | %s |\n", r.claimSizesText(), ratio, yes(ratio <= 1.5))
-		w("| 3 | claim of 1,000, slowest median | ≤ 50 ms | %s ms | %s |\n", bench.Ms(hi), yes(hi <= 50*time.Millisecond))
+		w("| 3 | claim of 1,000, slowest median over %s waiting | ≤ %s ms | %s ms | %s |\n", r.claimSizesText(),
+			bench.Ms(claimTarget), bench.Ms(hi), yes(hi <= claimTarget))
+		w("| 3 | claim of 1,000: slowest ÷ fastest median over %s waiting (flat) | ≤ %.1f | %.2f | %s |\n", r.claimSizesText(),
+			claimFlatTarget, ratio, yes(ratio <= claimFlatTarget))
+	}
+	for _, drain := range []bool{false, true} {
+		if p, ok := r.latP99Ratio(drain); ok {
+			set := "preloaded waiting set"
+			if drain {
+				set = "drained (each claim takes every waiting row)"
+			}
+			w("| 2 | admission p99 while claims of 1,000 run back to back ÷ without, %s | ≤ %.1f | %.2f | %s |\n", set, latencyTarget, p, yes(p <= latencyTarget))
+		}
+	}
+	if c := r.cont; c != nil {
+		ratio := float64(c.Losers.P99) / float64(max(c.RoundTrip.P99, 1))
+		w("| 5 | losing claimant p99 | ≤ %.0f × a bare round trip's p99 in the same run | %s ms = %.2f × %s ms | %s |\n",
+			loserRoundTrips, bench.Ms(c.Losers.P99), ratio, bench.Ms(c.RoundTrip.P99), yes(c.RoundTrip.P99 > 0 && ratio <= loserRoundTrips))
+		w("| 5 | contention: errors | 0 | %d | %s |\n", c.Errors, yes(c.Errors == 0))
 	}
 	if ok, txt := r.settleVerdict(); txt != "" {
 		w("| 4 | settlement statements grow with size/chunk, not size | | %s | %s |\n", txt, yes(ok))
-	}
-	if c := r.cont; c != nil {
-		w("| 5 | contention: errors | 0 | %d | %s |\n", c.Errors, yes(c.Errors == 0))
-		w("| 5 | contention: losing attempt p99 | ≤ 5 ms | %s ms (a bare round trip meanwhile: p99 %s ms) | %s |\n",
-			bench.Ms(c.Losers.P99), bench.Ms(c.RoundTrip.P99), yes(c.Losers.P99 <= 5*time.Millisecond))
 	}
 	if e, bl := r.e2e, r.baseline; e != nil && bl != nil && bl.Merged > 0 && e.Merged > 0 {
 		w("| 6 | end to end, %d operations: time until all merged | (vs one MR per operation) | %s vs %s (extrapolated) | |\n",
 			e.Cfg.Ops, e.MergedTime.Round(100*time.Millisecond), r.baselineExtrapolated().Round(time.Minute))
 		w("| 6 | end to end: MRs; GitLab calls per operation | | %d vs %d; %.3f vs %.1f | |\n",
 			e.MRs, e.Cfg.Ops, e.CallsPerOp(), bl.CallsPerOp())
+	}
+	w("| 8 | failure isolation: pipeline runs ÷ the group-testing bound, k ≤ 2; innocents named by a flake | within 1.5×; none | section 8 (bench/cmd/isolation, run by `make bench` after this) | |\n")
+}
+
+// rowCounts returns the admission row counts without a key, with one, and with one and
+// a receiver.
+func (r *report) rowCounts() (nk, k, kr bench.AdmissionRowCount, ok bool) {
+	if len(r.rows) != 3 {
+		return nk, k, kr, false
+	}
+	return r.rows[0], r.rows[1], r.rows[2], true
+}
+
+func (r *report) rowsSection(w func(string, ...any)) {
+	if len(r.rows) == 0 {
+		return
+	}
+	w("\n## 1c. Rows written per admission\n\n")
+	w("One auto-approved admission of a new relation through `store.OperationCreate` (what `POST /v1/operations` calls), " +
+		"every table's rows counted before and after it (as `TestAdmissionRows` does). The created and admitted events are " +
+		"derived from the operation row when the event log is read, not written. An event receiver (`BATCHERD_EVENTS_URL`) " +
+		"adds one outbox row per receiver in the same transaction (the transactional outbox), and only when one is configured.\n\n")
+	w("| admission | rows | by table |\n|---|---:|---|\n")
+	for _, c := range r.rows {
+		w("| %s | %d | %s |\n", c.Name, c.Rows, c.Tables())
 	}
 }
 
@@ -390,21 +442,22 @@ func (r *report) claimSection(w func(string, ...any)) {
 		"freed) so the waiting set keeps its size and every claim takes the same oldest rows. Waiting rows were bulk-loaded "+
 		"with multi-row INSERTs (%s); only the oldest 5,000 have operation rows (a claim never reads further), and the "+
 		"loader uses time-ordered UUIDs so that loading a million rows measures the server, not random B-tree inserts "+
-		"beyond the buffer pool. Phases from store.Hooks: slot INSERT + waiting-row read; guarded UPDATEs + member history "+
-		"+ batch row + audit events; COMMIT.\n\n", strings.Join(r.loads, ", "))
+		"beyond the buffer pool. Phases from store.Hooks: precheck, slot INSERT and waiting-row read (one round trip on MariaDB); "+
+		"guarded UPDATEs, member history, batch row, its event and COMMIT (one round trip). Statements are the session's "+
+		"`Questions` (a compound statement is one) and, by type, its `Com_*` counters, which count the statements inside a compound too.\n\n", strings.Join(r.loads, ", "))
 	w("**vs waiting-set size** (batch 1,000, %d claims each)\n\n", r.cfg.claimReps)
-	w("| waiting | median ms | max ms | ÷ smallest | slot+read ms | writes ms | commit ms | statements |\n|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	w("| waiting | median ms | max ms | ÷ smallest | slot+read ms | writes+commit ms | statements |\n|---:|---:|---:|---:|---:|---:|---|\n")
 	first := r.claimBySize[0].Median
 	for _, s := range r.claimBySize {
-		w("| %s | %s | %s | %.2f | %s | %s | %s | %s |\n", count(s.Waiting), bench.Ms(s.Median), bench.Ms(s.Max),
-			float64(s.Median)/float64(first), bench.Ms(s.Read), bench.Ms(s.Writes), bench.Ms(s.Commit), s.Statements)
+		w("| %s | %s | %s | %.2f | %s | %s | %s |\n", count(s.Waiting), bench.Ms(s.Median), bench.Ms(s.Max),
+			float64(s.Median)/float64(first), bench.Ms(s.Read), bench.Ms(s.Writes), s.Statements)
 	}
 	if len(r.claimByBatch) > 0 {
 		w("\n**vs batch size** (%s waiting, %d claims each)\n\n", count(r.claimByBatch[0].Waiting), r.cfg.batchReps)
-		w("| batch | median ms | ms per 1,000 | slot+read ms | writes ms | commit ms | statements |\n|---:|---:|---:|---:|---:|---:|---|\n")
+		w("| batch | median ms | ms per 1,000 | slot+read ms | writes+commit ms | statements |\n|---:|---:|---:|---:|---:|---|\n")
 		for _, s := range r.claimByBatch {
-			w("| %s | %s | %s | %s | %s | %s | %s |\n", count(s.Batch), bench.Ms(s.Median),
-				bench.Ms(time.Duration(float64(s.Median)*1000/float64(s.Batch))), bench.Ms(s.Read), bench.Ms(s.Writes), bench.Ms(s.Commit), s.Statements)
+			w("| %s | %s | %s | %s | %s | %s |\n", count(s.Batch), bench.Ms(s.Median),
+				bench.Ms(time.Duration(float64(s.Median)*1000/float64(s.Batch))), bench.Ms(s.Read), bench.Ms(s.Writes), s.Statements)
 		}
 	}
 }
@@ -417,7 +470,7 @@ func (r *report) settleVerdict() (bool, string) {
 	var parts []string
 	for _, s := range r.settles {
 		per := float64(s.Size) / float64(max(1, s.Statements.Total))
-		if per < 20 {
+		if per < settlePerStmtMin {
 			ok = false
 		}
 		kind := "success"
@@ -480,8 +533,9 @@ func (r *report) contentionSection(w func(string, ...any)) {
 	}
 	w("\n## 5. Contention for one repository's slot\n\n")
 	w("%d goroutine replicas, each with its own store (pool of 4) and its own scanner, call `Scanner.RunRound` — the "+
-		"code of the scheduled round: one lock-free precheck (anything waiting? slot held by a committed batch?), then, "+
-		"only when it may claim, `BatchClaim`, whose slot INSERT does not wait for a claim in flight — %.0f times a second each on one "+
+		"code of the scheduled round: `BatchClaim`, whose first round trip is one compound statement on MariaDB — the lock-free precheck "+
+		"(anything waiting? slot held by a committed batch?), then, only when it may claim, the slot INSERT, which does not wait "+
+		"for a claim in flight, and the read; a loser's round ends there — %.0f times a second each on one "+
 		"repository for %s%s. Meanwhile a feeder admits %d operations/s into it and a settler settles each "+
 		"claimed batch as merged %s after its claim, so the slot is alternately held and free, as between rounds in "+
 		"production.\n\n", c.Replicas, c.PerReplica, c.Elapsed.Round(time.Second), shortened(c.Elapsed), r.cfg.contentionAdmitPerSec, c.SettleAfter)
@@ -634,20 +688,30 @@ func (r *report) analysis(w func(string, ...any)) {
 
 		w("\n")
 	}
-	if p, ok := r.latP99Ratio(false); ok && p > 1.5 && len(r.claimBySize) > 0 {
-		cl := r.claimBySize[0]
-		w("- **Admission p99 while claiming (%.2f).** Admissions do not wait for the claim's locks (READ COMMITTED, "+
+	for _, drain := range []bool{false, true} {
+		p, ok := r.latP99Ratio(drain)
+		if !ok || p <= latencyTarget || len(r.lat[drain][bench.StoreClaims]) == 0 {
+			continue
+		}
+		set := "preloaded"
+		if drain {
+			set = "drained"
+		}
+		_, _, n, ct := mergeLat(r.lat[drain][bench.StoreClaims])
+		busy := float64(n) * float64(ct.P50) / float64(r.cfg.latDur)
+		w("- **Admission p99 while claiming, %s (%.2f).** Admissions do not wait for the claim's locks (READ COMMITTED, "+
 			"no locking read; TestI3AdmissionNeverWaitsForClaim and TestAdmissionNeverWaitsForOpenClaim hold a claim open "+
-			"and admit meanwhile); they wait for CPU. A claim of 1,000 spends %s ms in its writes (UPDATE of 1,000 "+
-			"waiting rows and 1,000 operations, 1,000 member rows), back to back, on a %d-CPU "+
-			"machine that also runs the server and the admitting clients.", p, bench.Ms(cl.Writes), r.machine.CPUs)
-		if len(r.lat[true][bench.ForUpdateRRClaims]) > 0 {
-			n, _, _, _ := mergeLat(r.lat[true][bench.NoClaims])
+			"and admit meanwhile); they wait for CPU. The claims run back to back: %d claims of p50 %s ms kept the claimer "+
+			"busy %.0f%% of the %s, whatever one claim costs — a cheaper claim only makes more of them — on a %d-CPU machine "+
+			"that also runs the server, its purge and log threads and the admitting clients.", set, p, n, bench.Ms(ct.P50),
+			100*min(busy, 1), r.cfg.latDur, r.machine.CPUs)
+		if drain && len(r.lat[true][bench.ForUpdateRRClaims]) > 0 {
+			nc, _, _, _ := mergeLat(r.lat[true][bench.NoClaims])
 			rc, _, _, _ := mergeLat(r.lat[true][bench.StoreClaims])
 			fu, _, _, _ := mergeLat(r.lat[true][bench.ForUpdateRRClaims])
-			w(" Where the claim takes every waiting row (drained), the locking variant's next-key locks cover the end "+
+			w(" Where the claim takes every waiting row, the locking variant's next-key locks cover the end "+
 				"of the range admissions insert into: admission p50 %s ms with it, %s ms with the store's claim, %s ms "+
-				"without claims.", bench.Ms(fu.P50), bench.Ms(rc.P50), bench.Ms(n.P50))
+				"without claims.", bench.Ms(fu.P50), bench.Ms(rc.P50), bench.Ms(nc.P50))
 		}
 		w("\n")
 	}
@@ -658,24 +722,26 @@ func (r *report) analysis(w func(string, ...any)) {
 				hi = s
 			}
 		}
-		if hi.Median > 50*time.Millisecond {
+		if hi.Median > claimTarget {
 			w("- **Claim of 1,000 (%s ms).** Flat across the waiting-set sizes (the read stays an index range of the "+
-				"oldest rows: %s ms at %s waiting) but over 50 ms: %s ms of it are the writes of %d statements, about "+
-				"%s µs per claimed operation for 2 row updates (5 secondary-index entries moved) and 1 row insert, in line "+
-				"with the per-row server cost of section 1 on this machine. (The per-member audit rows the claim used to "+
-				"write are gone: a member's claimed event is read from its member row.)\n",
-				bench.Ms(hi.Median), bench.Ms(hi.Read), count(hi.Waiting), bench.Ms(hi.Writes), hi.Statements.Total,
-				usf(float64(hi.Writes)/1000))
+				"oldest rows: %s ms for precheck, slot and read at %s waiting) but over %s ms: %s ms are the writes and COMMIT, "+
+				"one round trip (%d statements counted by the server), about %s µs per claimed operation of server work on "+
+				"rows: its waiting row's UPDATE (2 secondary-index entries move: idx_repo_waiting, idx_repo_group_waiting), its "+
+				"operation's (1: idx_status_updated) and one member row (its primary key and idx_operation). None of the three "+
+				"is derivable from the others without changing what a row says (the operation's status is read by every "+
+				"path; the member row is the batch's history after the waiting row is requeued or cleaned up).\n",
+				bench.Ms(hi.Median), bench.Ms(hi.Read), count(hi.Waiting), bench.Ms(claimTarget), bench.Ms(hi.Writes),
+				hi.Statements.Total, usf(float64(hi.Writes)/1000))
 		}
 	}
-	if c := r.cont; c != nil && c.Losers.P99 > 5*time.Millisecond {
-		w("- **Losing rounds (p99 %s ms).** A loser is one round trip when a committed batch holds the slot (the "+
-			"precheck answers it), and four when the slot was free at the precheck (SET TRANSACTION, START TRANSACTION, "+
-			"the no-wait slot INSERT answered at once, ROLLBACK); it never waits for the winner's claim. A bare round "+
-			"trip alone had p99 %s ms during the run (p50 %s ms); the rest of the tail is CPU: the 8 replicas' rounds "+
-			"fire together, on %d CPUs that also run the server, the winner's claim (p50 %s ms), the feeder and the "+
-			"settler. No round failed.\n",
-			bench.Ms(c.Losers.P99), bench.Ms(c.RoundTrip.P99), bench.Ms(c.RoundTrip.P50), r.machine.CPUs, bench.Ms(c.Winners.P50))
+	if c := r.cont; c != nil && c.RoundTrip.P99 > 0 && float64(c.Losers.P99) > loserRoundTrips*float64(c.RoundTrip.P99) {
+		w("- **Losing rounds (p99 %s ms, %.2f × a bare round trip's p99 of %s ms).** On MariaDB a loser is one round "+
+			"trip: the precheck, the slot attempt and, when it began one, the transaction's ROLLBACK are one compound "+
+			"statement (TestLosingClaimIsOneStatement); it never waits for the winner's claim. The rest of the tail is CPU: "+
+			"the 8 replicas' rounds fire together, on %d CPUs that also run the server, the winner's claim (p50 %s ms), the "+
+			"feeder and the settler, while the bare round trip is sampled alone between them.\n",
+			bench.Ms(c.Losers.P99), float64(c.Losers.P99)/float64(c.RoundTrip.P99), bench.Ms(c.RoundTrip.P99), r.machine.CPUs,
+			bench.Ms(c.Winners.P50))
 	}
 }
 
