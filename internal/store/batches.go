@@ -711,7 +711,9 @@ func claimOperationsOf(batchID int64, repo string, n int) claimStmt {
 // tries already count this round, except in a bisection (claimRequests), so "attempt
 // tries" here is "attempt w.Tries+1" there. TestClaimWhySQLMatchesWhy holds them equal.
 const whySQL = `LEFT(CASE
-		WHEN kind = '` + domain.KindBisect + `' THEN CONCAT('half ', half, ' of failed batch ', IFNULL(parent_id, 0), ', bisection depth ', depth)
+		WHEN kind = '` + domain.KindBisect + `' AND half = 0 THEN CONCAT('remainder of a bisection: split from failed batch ',
+		     IFNULL(parent_id, 0), ', deferred until the failing part''s search ended')
+		WHEN kind = '` + domain.KindBisect + `' THEN CONCAT('part ', half, ' of failed batch ', IFNULL(parent_id, 0), ', bisection depth ', depth)
 		WHEN kind LIKE '` + domain.KindRetryPrefix + `%' THEN CONCAT('retry ', retries, ' of failed batch ', IFNULL(parent_id, 0),
 		     ' after a ', SUBSTRING(kind, CHAR_LENGTH('` + domain.KindRetryPrefix + `') + 1), ' failure (attempt ', tries, ')')
 		WHEN tries > 1 THEN CONCAT('first try (attempt ', tries, ')')

@@ -17,18 +17,22 @@ import (
 func TestClaimWhySQLMatchesWhy(t *testing.T) {
 	st, _ := storetest.New(t)
 	parent := int64(42)
-	cases := []struct {
+	type row struct {
 		kind                        string
 		parent                      *int64
 		depth, half, retries, tries int
-	}{
-		{domain.KindFirstTry, nil, 0, 0, 0, 0},
-		{domain.KindFirstTry, nil, 0, 0, 0, 2},
-		{domain.KindRetryPrefix + "infra", &parent, 0, 0, 1, 1},
-		{domain.KindRetryPrefix + "flaky", &parent, 2, 0, 3, 4},
-		{domain.KindRetryPrefix + "flaky", nil, 0, 0, 1, 0},
-		{domain.KindBisect, &parent, 1, 1, 0, 1},
-		{domain.KindBisect, &parent, 3, 2, 0, 0},
+	}
+	// Every kind of round (first try, retries of two classes, bisection parts and the
+	// deferred remainder), with and without a parent, over small counters.
+	var cases []row
+	for _, kind := range []string{domain.KindFirstTry, domain.KindRetryPrefix + "infra", domain.KindRetryPrefix + "flaky", domain.KindBisect} {
+		for _, p := range []*int64{nil, &parent} {
+			for half := 0; half <= 2; half++ {
+				for tries := 0; tries <= 2; tries++ {
+					cases = append(cases, row{kind, p, half + 1, half, tries, tries})
+				}
+			}
+		}
 	}
 	for i, c := range cases {
 		// The row as the claim leaves it: its tries count this round, except in a
