@@ -198,6 +198,11 @@ func (r *LatencyRig) Run(ctx context.Context, v ClaimVariant, drain bool, client
 	}
 	wg.Wait()
 	res.Elapsed = time.Since(t0)
+	// A claim whose context ended while its COMMIT ran may have committed without
+	// telling the claimer (store.ErrCommitUnknown): free the slot for the next run.
+	if _, err := r.Raw.ExecContext(context.Background(), "UPDATE merge_batch SET status = 2 WHERE repo = ? AND status IN (1, 4)", repo); err != nil && claimErr == nil {
+		claimErr = err
+	}
 	if claimErr != nil {
 		return res, claimErr
 	}

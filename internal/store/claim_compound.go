@@ -26,6 +26,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
@@ -182,10 +183,14 @@ func (s *Store) claimCompound(ctx context.Context, repo string, max int, groupsO
 	}
 	var me *mysql.MySQLError
 	if !errors.As(err, &me) || ctx.Err() != nil {
-		// The connection broke (or the context ended) while a statement with COMMIT
-		// ran: it may have committed. As a lost COMMIT on the statement path.
+		// The connection broke (or the context ended, which makes the driver drop it)
+		// while a statement with COMMIT ran: it may have committed, as a lost COMMIT on
+		// the statement path. A cancellation stays visible as one (shutdown).
 		open = false
 		discardConn(conn)
+		if ctx.Err() != nil {
+			return ClaimResult{}, fmt.Errorf("%w: %w", ErrCommitUnknown, ctx.Err())
+		}
 		return ClaimResult{}, commitError(ctx, err)
 	}
 	// The server refused: nothing committed. A deadlock after the slot was ours is
