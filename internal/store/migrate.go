@@ -24,8 +24,12 @@ func (s *Store) Migrate(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// Out of order: a migration's number is reserved when its change starts, so one can
+	// land after a higher one (00011 after 00012), and a database migrated in between
+	// must take it, not refuse with goose's "missing migrations". Every migration is
+	// independent of the ones numbered around it; PendingMigrations lists such a gap too.
 	p, err := goose.NewProvider(goose.DialectMySQL, s.db.DB, fsys,
-		goose.WithVerbose(false))
+		goose.WithVerbose(false), goose.WithAllowOutofOrder(true))
 	if err != nil {
 		return fmt.Errorf("migrations: %w", err)
 	}
