@@ -81,6 +81,15 @@ func TestChaos(t *testing.T) {
 		c.MaxBatchSize = 60
 		c.BatchTimeout = 3 * time.Second
 		c.Workers = 2
+		// The publish lease must outlast one EnsureMR (its FindMR is up to three GETs,
+		// each delayed 150 ms by the latency fault below, then the POST), as the default
+		// 30 s outlasts it against a real GitLab. With the suite's 300 ms a lease lapsed
+		// inside EnsureMR routinely, and a second publisher's MR could merge (40 ms
+		// pipelines) between the first's FindMR and its create: a second, empty MR on
+		// the branch. That window needs a lease lapse inside one GitLab call; it is
+		// documented in docs/MODEL.md and its consequences are checked there and by
+		// TestMergedWinsFindsASecondMROfTheBatch.
+		c.PublishLease = 2 * time.Second
 	}
 	var scanners []*Scanner
 	var stops []func()
