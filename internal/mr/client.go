@@ -300,7 +300,7 @@ func (c *Client) FindMR(ctx context.Context, project, sourceBranch string, batch
 	// Best first; the listing is newest first and the sort is stable.
 	slices.SortStableFunc(cands, func(a, b *glMR) int { return rank(b.State) - rank(a.State) })
 	for _, m := range cands {
-		ours, err := c.mrCarries(ctx, project, m.IID, owner)
+		ours, err := c.mrCarries(ctx, project, m.IID, sourceBranch, owner)
 		if err != nil {
 			return MergeRequest{}, false, err
 		}
@@ -331,7 +331,7 @@ func (c *Client) IsBatchMR(ctx context.Context, project string, m MergeRequest, 
 	if m.TargetBranch != c.cfg.TargetBranch {
 		return false, nil // into another branch: never the batch's (as in FindMR)
 	}
-	return c.mrCarries(ctx, project, m.IID, ownerOf(m.SourceBranch, batch))
+	return c.mrCarries(ctx, project, m.IID, m.SourceBranch, ownerOf(m.SourceBranch, batch))
 }
 
 // maxMRCommitPages bounds how many pages of an MR's commits mrCarries reads: a batch
@@ -339,16 +339,23 @@ func (c *Client) IsBatchMR(ctx context.Context, project string, m MergeRequest, 
 // more commits than this is not a batch's.
 const maxMRCommitPages = 10
 
-// mrCarries reports whether any commit of MR iid carries owner's trailers.
-func (c *Client) mrCarries(ctx context.Context, project string, iid int64, owner Owner) (bool, error) {
+// mrCarries reports whether any commit of MR iid carries owner's trailers. An MR with
+// no commits of its own — opened from branch after the branch's commits reached the
+// target, e.g. by a publisher whose lease lapsed between its FindMR and its create
+// while another replica's MR merged (docs/MODEL.md) — has nothing to merge; it is
+// judged by the branch's head commit, so the orphan sweep closes such an MR of ours
+// instead of leaving it open as someone else's.
+func (c *Client) mrCarries(ctx context.Context, project string, iid int64, branch string, owner Owner) (bool, error) {
 	opt := &gitlab.ListOptions{PerPage: 100}
 	var next gitlab.RequestOptionFunc
+	seen := 0
 	for page := 0; page < maxMRCommitPages; page++ {
 		var commits []glCommit
 		resp, err := c.rawResp(ctx, "list_mr_commits", http.MethodGet, mrPath(project, iid)+"/commits", opt, &commits, next)
 		if err != nil {
 			return false, err
 		}
+		seen += len(commits)
 		for i := range commits {
 			if readTrailers(&commits[i]).carries(owner) {
 				return true, nil
@@ -356,11 +363,18 @@ func (c *Client) mrCarries(ctx context.Context, project string, iid int64, owner
 		}
 		n, ok := gitlab.WithNext(resp)
 		if !ok {
-			return false, nil
+			break
 		}
 		next = n
 	}
-	return false, nil
+	if seen > 0 {
+		return false, nil
+	}
+	b, found, err := c.getBranch(ctx, project, branch)
+	if err != nil || !found {
+		return false, err
+	}
+	return readTrailers(b.Commit).carries(owner), nil
 }
 
 // listMRs reads every page of a merge request listing.

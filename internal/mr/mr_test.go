@@ -1035,3 +1035,65 @@ func TestRevokeDeleteIsConfirmedAgainstTheFile(t *testing.T) {
 		t.Fatalf("a 404 that is not the file's own: %+v %v, want an error", got, err)
 	}
 }
+
+// An MR opened from a batch branch after the branch's commits reached the target (a
+// publisher whose lease lapsed between its FindMR and its create while another
+// replica's MR merged) has no commits of its own. It is the batch's when the branch's
+// head carries the batch's trailers — so the orphan sweep closes it — and someone
+// else's when the head does not.
+func TestEmptyMROnABatchBranchIsJudgedByTheBranchHead(t *testing.T) {
+	sim, c := setup(t, gitlabsim.Options{})
+	const inst = "emptymr001"
+	branch := domain.BranchName(inst, 9)
+	ref := mr.BatchRef{ID: 9, Claimed: time.Date(2026, 12, 1, 23, 0, 0, 123456000, time.UTC)}
+	must(c.CommitFiles(ctx(t), proj, branch, "", ref, "batch 9", []mr.FileAction{grant("a", "b")}))
+	first := must(c.EnsureMR(ctx(t), proj, mr.MRSpec{SourceBranch: branch, Batch: ref, Title: "batch 9"}))
+	if err := sim.MergeMR(proj, first.IID); err != nil {
+		t.Fatal(err)
+	}
+	iid, err := sim.OpenMR(proj, branch, "main", []string{mr.Label}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := c.GetMR(ctx(t), proj, iid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ours, err := c.IsBatchMR(ctx(t), proj, second, ref); err != nil || !ours {
+		t.Fatalf("the empty MR on the batch's branch: ours=%v %v, want ours (its branch head carries the trailers)", ours, err)
+	}
+	if got, found, err := c.FindMR(ctx(t), proj, branch, ref); err != nil || !found || got.IID != first.IID {
+		t.Fatalf("FindMR = !%d %v %v, want the merged !%d first", got.IID, found, err, first.IID)
+	}
+	other := ref
+	other.Claimed = other.Claimed.Add(time.Second) // the same id re-issued after a restore
+	if ours, err := c.IsBatchMR(ctx(t), proj, second, other); err != nil || ours {
+		t.Fatalf("the empty MR judged for another claim of batch 9: ours=%v %v", ours, err)
+	}
+
+	// A human's branch of a batch name whose head carries no trailers, already merged
+	// into main, and an empty MR from it: not ours.
+	human := domain.BranchName(inst, 10)
+	content := "x: y\n"
+	if _, err := sim.CommitToBranch(proj, human, map[string]*string{"bindings/h/x.yaml": &content}, "a human's change"); err != nil {
+		t.Fatal(err)
+	}
+	hm, err := sim.OpenMR(proj, human, "main", []string{mr.Label}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sim.MergeMR(proj, hm); err != nil {
+		t.Fatal(err)
+	}
+	hiid, err := sim.OpenMR(proj, human, "main", []string{mr.Label}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hmr, err := c.GetMR(ctx(t), proj, hiid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ours, err := c.IsBatchMR(ctx(t), proj, hmr, mr.BatchRef{ID: 10}); err != nil || ours {
+		t.Fatalf("a human's empty MR on a batch branch name: ours=%v %v, want not ours", ours, err)
+	}
+}
