@@ -288,3 +288,18 @@ func frozenPublish(t *testing.T, s *Scanner, freezeAt string) (resume func()) {
 	}
 	return resume
 }
+
+// leaseFindingStart is where the protocol model's lease findings begin (docs/MODEL.md,
+// "Findings"): two queued operations, manual pipelines, and replica a — whose publish
+// lease is 100 ms, so a freeze outlives it — has claimed them into one batch.
+func leaseFindingStart(t *testing.T) (*env, []string, *Scanner, store.ClaimResult) {
+	t.Helper()
+	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
+	ids := storetest.InsertQueuedOps(t, e.st, repo, 2)
+	a := e.scanner("a", func(c *Config) { c.PublishLease = 100 * time.Millisecond })
+	res, err := a.RunRound(context.Background(), repo)
+	if err != nil || res.Outcome != store.ClaimClaimed {
+		t.Fatalf("round: %+v %v", res, err)
+	}
+	return e, ids, a, res
+}

@@ -6,9 +6,6 @@ import (
 	"time"
 
 	"github.com/batcherd/batcherd/internal/domain"
-	"github.com/batcherd/batcherd/internal/mr/gitlabsim"
-	"github.com/batcherd/batcherd/internal/store"
-	"github.com/batcherd/batcherd/internal/store/storetest"
 )
 
 // Found by the protocol model (docs/MODEL.md, "Findings"): a publisher renews its
@@ -21,15 +18,8 @@ import (
 // of a FAILED batch on the target branch for good, the database saying failed. Now the
 // failed-batch sweep also looks a batch without a recorded MR up by its branch.
 func TestMergedWinsReachesAFailedBatchWhoseMRWasNeverRecorded(t *testing.T) {
-	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
-	ids := storetest.InsertQueuedOps(t, e.st, repo, 2)
+	e, ids, a, res := leaseFindingStart(t)
 	bg := context.Background()
-
-	a := e.scanner("a", func(c *Config) { c.PublishLease = 100 * time.Millisecond })
-	res, err := a.RunRound(bg, repo)
-	if err != nil || res.Outcome != store.ClaimClaimed {
-		t.Fatalf("round: %+v %v", res, err)
-	}
 	// a freezes right after renewing its reservation, then dies right after opening
 	// the MR (before recording it).
 	resume := frozenPublish(t, a, "publish.renewed")

@@ -25,15 +25,8 @@ import (
 // mergedAfterFailed the batch with the MR set in memory only, so it skipped recording
 // it: a SUCCEEDED batch with no MR recorded (what verify reports as a disagreement).
 func TestLostRecordRecordsTheMRItSettlesMergedWith(t *testing.T) {
-	e := newEnv(t, gitlabsim.Options{ManualPipelines: true}, repo)
-	ids := storetest.InsertQueuedOps(t, e.st, repo, 2)
+	e, ids, a, res := leaseFindingStart(t)
 	bg := context.Background()
-
-	a := e.scanner("a", func(c *Config) { c.PublishLease = 100 * time.Millisecond })
-	res, err := a.RunRound(bg, repo)
-	if err != nil || res.Outcome != store.ClaimClaimed {
-		t.Fatalf("round: %+v %v", res, err)
-	}
 	paused, resume := make(chan struct{}), make(chan struct{})
 	merged := int64(0)
 	a.testHook = func(_ context.Context, step string, id int64) {

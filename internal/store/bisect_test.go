@@ -294,19 +294,8 @@ func TestDeferSiblingsToRemainder(t *testing.T) {
 	before := waitingCreated(t, st, ids)
 	time.Sleep(5 * time.Millisecond)
 	newer := storetest.InsertQueuedOps(t, st, repo, 2)
-	ms, err := st.BatchWaitingMembers(ctx, p.BatchID)
-	if err != nil || len(ms) != 8 {
-		t.Fatalf("BatchWaitingMembers = %d, %v", len(ms), err)
-	}
 	// The batch of 8 failed: parts of 4, 2, 1, 1.
-	var plan []store.MemberFate
-	for i, part := range []int{1, 1, 1, 1, 2, 2, 3, 4} {
-		plan = append(plan, store.MemberFate{OperationID: ms[i].OperationID, Group: domain.PartGroup(p.BatchID, p.BatchID, part),
-			Kind: domain.KindBisect, Depth: 1, Half: part, Event: "bisected"})
-	}
-	if _, err := st.BatchSettleIsolate(ctx, p.BatchID, domain.BatchRunning, 1, "test", "failed", plan, store.Deferral{}); err != nil {
-		t.Fatal(err)
-	}
+	ms := failIntoParts(t, st, p.BatchID)
 	// Another repository's waiting row in a group of the same name stays where it is.
 	stranger := storetest.InsertQueuedOps(t, st, other, 1)
 	if _, err := st.DB().Exec("UPDATE merge_batch_request SET grp = ?, kind = 'bisect' WHERE operation_id = ?",
@@ -438,18 +427,7 @@ func TestSearchResumeAfterCleanPart(t *testing.T) {
 	const repo = "g/resume"
 	storetest.InsertQueuedOps(t, st, repo, 8)
 	p := btClaim(t, st, repo, 100, store.ClaimClaimed)
-	ms, err := st.BatchWaitingMembers(ctx, p.BatchID)
-	if err != nil || len(ms) != 8 {
-		t.Fatalf("BatchWaitingMembers = %d, %v", len(ms), err)
-	}
-	var plan []store.MemberFate
-	for i, part := range []int{1, 1, 1, 1, 2, 2, 3, 4} {
-		plan = append(plan, store.MemberFate{OperationID: ms[i].OperationID, Group: domain.PartGroup(p.BatchID, p.BatchID, part),
-			Kind: domain.KindBisect, Depth: 1, Half: part, Event: "bisected"})
-	}
-	if _, err := st.BatchSettleIsolate(ctx, p.BatchID, domain.BatchRunning, 1, "test", "failed", plan, store.Deferral{}); err != nil {
-		t.Fatal(err)
-	}
+	ms := failIntoParts(t, st, p.BatchID)
 	// A remainder row of another level (another parent) must stay where it is.
 	other := storetest.InsertQueuedOps(t, st, repo, 1)
 	if _, err := st.DB().Exec("UPDATE merge_batch_request SET grp = ?, kind = 'bisect', parent_id = 999999 WHERE operation_id = ?",
@@ -609,4 +587,24 @@ func TestSearchResumeRacesClaim(t *testing.T) {
 		outcomes[fmt.Sprintf("resumed %d, claim %s of %d", moved, claim.Outcome, claimed)]++
 	}
 	t.Logf("outcomes: %v", outcomes)
+}
+
+// failIntoParts fails batch id, a claimed batch of 8, as the policy splits it: parts of
+// 4, 2, 1 and 1 in queue order (PartGroup 1..4), and returns its members as claimed.
+func failIntoParts(t *testing.T, st *store.Store, id int64) []store.WaitingMember {
+	t.Helper()
+	ctx := context.Background()
+	ms, err := st.BatchWaitingMembers(ctx, id)
+	if err != nil || len(ms) != 8 {
+		t.Fatalf("BatchWaitingMembers = %d, %v", len(ms), err)
+	}
+	var plan []store.MemberFate
+	for i, part := range []int{1, 1, 1, 1, 2, 2, 3, 4} {
+		plan = append(plan, store.MemberFate{OperationID: ms[i].OperationID, Group: domain.PartGroup(id, id, part),
+			Kind: domain.KindBisect, Depth: 1, Half: part, Event: "bisected"})
+	}
+	if _, err := st.BatchSettleIsolate(ctx, id, domain.BatchRunning, 1, "test", "failed", plan, store.Deferral{}); err != nil {
+		t.Fatal(err)
+	}
+	return ms
 }
